@@ -1,0 +1,3 @@
+"""Legacy: deterministic Kimi Delta Attention (per-channel decay) training."""
+
+__version__ = "0.9.0"
