@@ -1,0 +1,213 @@
+"""Stage 3: the chunk-state recurrence.
+
+Per document, value head and block of value columns, walking the document's
+chunks in order with the state ``S`` (``[K, BV]``) in fp32 registers::
+
+    h_c    = S                                         (stored, input dtype)
+    V'     = U − W S                                   ("v_new")
+    S     ← exp(G_last) S + (K ⊙ exp(G_last − G))ᵀ V'
+
+``Kᵀ`` is loaded through transposed pointer strides (no ``tl.trans``). The
+value width comes from ``U`` (not from ``v``): with ``U = 0 [T, HV, K]`` and
+``initial_state = I`` the kernel computes the chunk transition matrix ``M``
+used by context parallelism. One program per (value block, document, value
+head); no atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.registry import launcher
+
+__all__ = ["chunk_state_fwd", "chunk_state_config"]
+
+
+@triton.jit
+def _chunk_state_fwd_kernel(
+    k,
+    W,
+    U,
+    G,
+    h0,
+    h,
+    v_new,
+    ht,
+    doc_offsets,
+    doc_chunk_offsets,
+    H,
+    HV,
+    GROUP: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_H0: tl.constexpr,
+    STORE_H: tl.constexpr,
+    STORE_FINAL: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_n = tl.program_id(1)
+    i_hv = tl.program_id(2)
+    i_h = i_hv // GROUP
+    bos = tl.load(doc_offsets + i_n).to(tl.int64)
+    eos = tl.load(doc_offsets + i_n + 1).to(tl.int64)
+    c0 = tl.load(doc_chunk_offsets + i_n).to(tl.int64)
+
+    rt = tl.arange(0, BT)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    mk = rk < K
+    mv = rv < V
+    m_kv = mk[:, None] & mv[None, :]
+    s_off = rk[:, None] * V + rv[None, :]
+
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_H0:
+        S += tl.load(h0 + (i_n * HV + i_hv).to(tl.int64) * K * V + s_off, mask=m_kv, other=0.0)
+
+    KS = H * K
+    n_chunks = tl.cdiv(eos - bos, BT)
+    for ic in range(0, n_chunks):
+        t0 = bos + ic * BT
+        n = tl.minimum(eos - t0, BT).to(tl.int32)
+        mt = rt < n
+        if STORE_H:
+            p_h = h + ((c0 + ic) * HV + i_hv) * K * V
+            tl.store(p_h + s_off, S.to(h.dtype.element_ty), mask=m_kv)
+        b_w = tl.load(
+            W + (t0 + rt[:, None]) * HV * K + i_hv * K + rk[None, :],
+            mask=mt[:, None] & mk[None, :],
+            other=0.0,
+        )
+        b_u = tl.load(
+            U + (t0 + rt[:, None]) * HV * V + i_hv * V + rv[None, :],
+            mask=mt[:, None] & mv[None, :],
+            other=0.0,
+        ).to(tl.float32)
+        b_vn = b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)
+        tl.store(
+            v_new + (t0 + rt[:, None]) * HV * V + i_hv * V + rv[None, :],
+            b_vn.to(v_new.dtype.element_ty),
+            mask=mt[:, None] & mv[None, :],
+        )
+        p_g = G + t0 * HV + i_hv
+        g_last = tl.load(p_g + (n - 1) * HV)
+        b_g = tl.load(p_g + rt * HV, mask=mt, other=0.0)
+        dec = tl.where(mt, tl.exp(tl.where(mt, g_last - b_g, 0.0)), 0.0)
+        b_kt = tl.load(
+            k + (t0 + rt[None, :]) * KS + i_h * K + rk[:, None],
+            mask=mk[:, None] & mt[None, :],
+            other=0.0,
+        )
+        b_vd = (b_vn * dec[:, None]).to(b_kt.dtype)
+        S = S * tl.exp(g_last)
+        S = tl.dot(b_kt, b_vd, S, input_precision=PREC)
+
+    if STORE_FINAL:
+        tl.store(ht + (i_n * HV + i_hv).to(tl.int64) * K * V + s_off, S, mask=m_kv)
+
+
+def chunk_state_config(K: int, V: int) -> dict[str, int]:
+    """Pinned launch configuration of the state kernel for head dims ``K, V``.
+
+    ``BK`` covers all of ``K`` (the state's rows live in one tile); ``BV``
+    trades parallelism (programs = docs × HV × V/BV) against per-program work.
+    """
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), 32 if BK >= 128 else 64)
+    num_warps = 4 if BK * BV <= 64 * 64 else 8
+    return {"BK": BK, "BV": BV, "num_warps": num_warps, "num_stages": 2}
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_state_fwd_kernel,))
+def chunk_state_fwd(
+    k: torch.Tensor,
+    W: torch.Tensor,
+    U: torch.Tensor,
+    G: torch.Tensor,
+    index: ChunkIndex,
+    group: int,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    store_states: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """Run the chunk-state recurrence over every document.
+
+    Args:
+        k: ``[T, H, K]`` keys (the ones used by :func:`wy_fwd`), head
+            ``hv // group`` serves value head ``hv``.
+        W: ``[T, HV, K]`` from :func:`wy_fwd` (same dtype as ``k``).
+        U: ``[T, HV, V]`` from :func:`wy_fwd`; ``V`` is taken from here
+            (any multiple of 16 up to 256, e.g. ``K`` for the transition matrix).
+        G: ``[T, HV]`` fp32 within-chunk cumsum of ``g``.
+        index: the chunk table.
+        group: value heads per key head.
+        initial_state: ``[N, HV, K, V]`` (read as fp32) or ``None`` (zeros).
+        output_final_state: return the state after each document.
+        store_states: store the state entering each chunk.
+
+    Returns:
+        ``(h, v_new, final)``: ``h: [NT, HV, K, V]`` in ``k``'s dtype (or
+        ``None`` if not ``store_states``), ``v_new: [T, HV, V]`` in ``U``'s
+        dtype, ``final: [N, HV, K, V]`` fp32 (or ``None``). A zero-length
+        document's final state is its initial state (or zeros).
+    """
+    T, H, K = k.shape
+    HV, V = U.shape[1], U.shape[2]
+    N, NT = index.num_docs, index.num_chunks
+    if (
+        tuple(W.shape) != (T, HV, K)
+        or U.shape[0] != T
+        or HV != H * group
+        or tuple(G.shape) != (T, HV)
+        or T != index.total_tokens
+    ):
+        raise ValueError(
+            f"shape mismatch: k {tuple(k.shape)}, W {tuple(W.shape)}, U {tuple(U.shape)}, "
+            f"G {tuple(G.shape)}, group {group}, index tokens {index.total_tokens}"
+        )
+    for name, d in (("K", K), ("V", V)):
+        if d % 16 != 0 or not 16 <= d <= 256:
+            raise ValueError(f"{name} must be a multiple of 16 in [16, 256], got {d}")
+    if initial_state is not None:
+        if tuple(initial_state.shape) != (N, HV, K, V):
+            raise ValueError(
+                f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, "
+                f"got {tuple(initial_state.shape)}"
+            )
+        initial_state = initial_state.to(torch.float32).contiguous()
+    k, W, U, G = (x.contiguous() for x in (k, W, U, G))
+    if G.dtype != torch.float32:
+        G = G.float()
+    dev = k.device
+    h = torch.empty(NT, HV, K, V, dtype=k.dtype, device=dev) if store_states else None
+    v_new = torch.empty(T, HV, V, dtype=U.dtype, device=dev)
+    final = None
+    if output_final_state:
+        final = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+    if N == 0 or HV == 0:
+        return h, v_new, final
+    if T == 0:
+        # every document is empty: nothing to walk, the state passes through.
+        if final is not None:
+            if initial_state is None:
+                final.zero_()
+            else:
+                final.copy_(initial_state)
+        return h, v_new, final
+    cfg = chunk_state_config(K, V)
+    grid = (triton.cdiv(V, cfg["BV"]), N, HV)
+    _chunk_state_fwd_kernel[grid](
+        k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,
+        H, HV, GROUP=group, K=K, V=V, BT=index.chunk_size, BK=cfg["BK"], BV=cfg["BV"],
+        USE_H0=initial_state is not None, STORE_H=store_states, STORE_FINAL=output_final_state,
+        PREC="ieee" if k.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return h, v_new, final

@@ -1,0 +1,93 @@
+"""Stage 1: within-chunk cumulative sum of the log-decay ``g`` (and its backward).
+
+Chunks of ``C = 64`` tokens restart at every document start (see
+:class:`gdn_core.chunking.ChunkIndex`). One program per (chunk, block of value
+heads); the scan runs in fp32 inside the program, no atomics.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.registry import launcher
+
+__all__ = ["chunk_cumsum_fwd", "chunk_cumsum_rev"]
+
+
+@triton.jit
+def _chunk_cumsum_kernel(
+    x,
+    y,
+    chunk_start,
+    chunk_len,
+    HV,
+    BT: tl.constexpr,
+    BH: tl.constexpr,
+    REVERSE: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_h = tl.program_id(1)
+    bos = tl.load(chunk_start + i_c).to(tl.int64)
+    n = tl.load(chunk_len + i_c)
+    rt = tl.arange(0, BT)
+    rh = i_h * BH + tl.arange(0, BH)
+    mask = (rt[:, None] < n) & (rh[None, :] < HV)
+    offs = (bos + rt[:, None]) * HV + rh[None, :]
+    b = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    # masked rows are zero and lie after the valid ones: neither scan direction
+    # lets them change a valid row.
+    b = tl.cumsum(b, axis=0, reverse=REVERSE)
+    tl.store(y + offs, b, mask=mask)
+
+
+def _launch(x: torch.Tensor, index: ChunkIndex, reverse: bool) -> torch.Tensor:
+    if x.dim() != 2:
+        raise ValueError(f"expected a [T, HV] tensor, got shape {tuple(x.shape)}")
+    T, HV = x.shape
+    if T != index.total_tokens:
+        raise ValueError(f"tensor has {T} tokens, the chunk index {index.total_tokens}")
+    x = x.contiguous()
+    y = torch.empty(T, HV, dtype=torch.float32, device=x.device)
+    NT = index.num_chunks
+    if NT == 0 or HV == 0:
+        return y
+    BH = min(triton.next_power_of_2(HV), 16)
+    grid = (NT, triton.cdiv(HV, BH))
+    _chunk_cumsum_kernel[grid](
+        x, y, index.chunk_start, index.chunk_len, HV,
+        BT=index.chunk_size, BH=BH, REVERSE=reverse, num_warps=2, num_stages=1,
+    )
+    return y
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_cumsum_kernel,))
+def chunk_cumsum_fwd(g: torch.Tensor, index: ChunkIndex) -> torch.Tensor:
+    """Within-chunk inclusive cumulative sum: ``G_t = Σ_{s ≤ t, s in chunk(t)} g_s``.
+
+    Args:
+        g: ``[T, HV]`` log-decays, any float dtype (read as fp32).
+        index: the chunk table of the token axis.
+
+    Returns:
+        ``G: [T, HV]`` fp32.
+    """
+    return _launch(g, index, reverse=False)
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_cumsum_kernel,))
+def chunk_cumsum_rev(dG: torch.Tensor, index: ChunkIndex) -> torch.Tensor:
+    """Within-chunk reverse inclusive cumulative sum (the backward of :func:`chunk_cumsum_fwd`).
+
+    ``dg_t = Σ_{s ≥ t, s in chunk(t)} dG_s``.
+
+    Args:
+        dG: ``[T, HV]`` gradient w.r.t. ``G``, any float dtype (read as fp32).
+        index: the chunk table of the token axis.
+
+    Returns:
+        ``dg: [T, HV]`` fp32.
+    """
+    return _launch(dG, index, reverse=True)
