@@ -1,0 +1,376 @@
+"""The composed chunked GDN backward on the Triton kernels.
+
+Stages (DESIGN.md §2), flat token layout, value head ``hv`` uses q/k head
+``hv // group``:
+
+0. recompute ``G`` (if not saved), ``A_inv, W, U`` (:func:`~gdn_core.ops.wy.wy_fwd`)
+   and ``h, v_new`` (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd`);
+1. :func:`~gdn_core.ops.dv_local.dv_local_bwd` — chunk-local ``dV'``;
+2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
+   ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
+3. :func:`~gdn_core.ops.dqkwg.dqkwg_bwd` — per-value-head ``dq``/``dk``
+   partials, ``dW``, per-K-block ``dG`` partials;
+4. :func:`~gdn_core.ops.wy_bwd.wy_bwd` — WY backward (``dk``, ``dv``, ``dβ``,
+   ``dG``), the fixed-order sum of the ``dG`` partials and the reverse
+   within-chunk cumsum into ``dg``;
+5. :func:`~gdn_core.ops.group_reduce.group_reduce` — fixed-order sum of the
+   ``dq``/``dk`` partials over each group of value heads;
+6. the L2-norm backward when the forward normalised q/k in the kernel.
+
+Determinism: none of these launchers uses atomics, every cross-program sum
+runs in a fixed order, and all launch configurations are pinned (no
+autotuning), so ``deterministic=True`` results are bitwise repeatable.
+``deterministic=False`` currently runs the same kernels (the atomic group
+reduction, :func:`~gdn_core.ops.group_reduce.group_reduce_atomic`, is not
+faster than the ordered one, which reads each partial once); the flag still
+types the workspace.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
+from gdn_core.ops.dqkwg import dqkwg_bwd, dqkwg_num_k_blocks
+from gdn_core.ops.dv_local import dv_local_bwd
+from gdn_core.ops.group_reduce import group_reduce
+from gdn_core.ops.wy_bwd import wy_bwd
+from gdn_core.typed import TypedWorkspace, mode_name, require_instance
+
+__all__ = [
+    "BackwardWorkspace",
+    "DetBackwardWorkspace",
+    "NonDetBackwardWorkspace",
+    "gdn_backward_triton",
+    "chunk_gdn_backward",
+    "backward_from_recompute",
+]
+
+_FP32 = torch.float32
+
+
+def _buffer_specs(
+    T: int, HV: int, K: int, V: int, num_chunks: int, dtype: torch.dtype
+) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shape and dtype of every scratch buffer of a backward of this size."""
+    NK = dqkwg_num_k_blocks(K)
+    return {
+        "dv_local": ((T, HV, V), dtype),
+        "dv": ((T, HV, V), dtype),
+        "dh": ((num_chunks, HV, K, V), dtype),
+        "dw": ((T, HV, K), dtype),
+        "dq_part": ((T, HV, K), _FP32),
+        "dk_part": ((T, HV, K), _FP32),
+        "dg_part": ((NK, T, HV), _FP32),
+    }
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+class BackwardWorkspace(TypedWorkspace):
+    """Preallocated scratch of the backward, reusable across steps.
+
+    Sized once for a largest problem (:meth:`for_shapes`): up to ``T`` tokens,
+    ``num_chunks`` chunks and ``num_docs`` documents (capacities), with exactly
+    ``H, HV, K, V`` and ``dtype`` (layout). A smaller problem uses the leading
+    part of each buffer. Typed per mode: :meth:`for_shapes` returns a
+    :class:`DetBackwardWorkspace` or a :class:`NonDetBackwardWorkspace`, and a
+    backward of the other mode, of a larger size, of another layout, dtype or
+    device rejects it with ``ValueError`` (:meth:`check`).
+
+    Buffers (flat fp32 / input-dtype storage, viewed per call; ``NT`` chunks,
+    ``NK`` K blocks of the dQ/dK stage):
+
+    * ``dv_local [T,HV,V]`` and ``dv [T,HV,V]`` (the full ``dV'``) — input dtype;
+    * ``dh [NT,HV,K,V]`` — ``dS`` of the state leaving each chunk, input dtype;
+    * ``dw [T,HV,K]`` — input dtype;
+    * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials;
+    * ``dg_part [NK,T,HV]`` — fp32.
+    """
+
+    def __init__(
+        self,
+        device: torch.device | str,
+        capacity: dict[str, int],
+        layout: dict[str, Any],
+        storage: dict[str, torch.Tensor],
+    ) -> None:
+        if type(self).deterministic is None:
+            raise TypeError(
+                "BackwardWorkspace has no mode: make one with BackwardWorkspace.for_shapes(...)"
+            )
+        super().__init__(device, capacity, layout)
+        self.dtype = layout["dtype"]
+        self.storage = storage
+
+    @classmethod
+    def for_shapes(
+        cls,
+        T: int,
+        H: int,
+        HV: int,
+        K: int,
+        V: int,
+        num_chunks: int,
+        num_docs: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        *,
+        deterministic: bool | None = None,
+    ) -> BackwardWorkspace:
+        """A workspace for problems of up to ``T`` tokens, ``num_chunks`` chunks and
+        ``num_docs`` documents. The mode is the class's (``DetBackwardWorkspace``,
+        ``NonDetBackwardWorkspace``) or, on the base class, ``deterministic``
+        (default ``True``)."""
+        if cls.deterministic is not None:
+            if deterministic is not None and bool(deterministic) != cls.deterministic:
+                raise ValueError(
+                    f"{cls.__qualname__} is {mode_name(cls.deterministic)}, "
+                    f"got deterministic={deterministic}"
+                )
+            target = cls
+        else:
+            det = True if deterministic is None else bool(deterministic)
+            target = DetBackwardWorkspace if det else NonDetBackwardWorkspace
+        for name, val in (("T", T), ("num_chunks", num_chunks), ("num_docs", num_docs)):
+            if val < 0:
+                raise ValueError(f"{name} must be >= 0, got {val}")
+        if HV % H:
+            raise ValueError(f"HV={HV} must be a multiple of H={H}")
+        device = torch.device(device)
+        specs = _buffer_specs(T, HV, K, V, num_chunks, dtype)
+        storage = {
+            name: torch.empty(_numel(shape), dtype=dt, device=device)
+            for name, (shape, dt) in specs.items()
+        }
+        return target(
+            device,
+            {"tokens": T, "chunks": num_chunks, "docs": num_docs},
+            {"H": H, "HV": HV, "K": K, "V": V, "dtype": dtype},
+            storage,
+        )
+
+    def check(
+        self,
+        *,
+        deterministic: bool,
+        T: int,
+        H: int,
+        HV: int,
+        K: int,
+        V: int,
+        num_chunks: int,
+        num_docs: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+    ) -> None:
+        """Raise ``ValueError`` unless this workspace serves the described backward."""
+        if type(self).deterministic != bool(deterministic):
+            raise ValueError(
+                f"workspace is a {type(self).__qualname__} ({self.mode}), but the backward "
+                f"is {mode_name(bool(deterministic))}"
+            )
+        self.check_fits(
+            device,
+            {"tokens": T, "chunks": num_chunks, "docs": num_docs},
+            {"H": H, "HV": HV, "K": K, "V": V, "dtype": dtype},
+        )
+        for name, (shape, dt) in _buffer_specs(T, HV, K, V, num_chunks, dtype).items():
+            buf = self.storage.get(name)
+            if buf is None or buf.dtype != dt or buf.numel() < _numel(shape) or (
+                not buf.is_contiguous()
+            ):
+                got = "missing" if buf is None else f"{buf.numel()} x {buf.dtype}"
+                raise ValueError(
+                    f"workspace buffer {name!r} is {got}, expected at least "
+                    f"{_numel(shape)} x {dt} (contiguous)"
+                )
+
+    def views(
+        self, T: int, HV: int, K: int, V: int, num_chunks: int, dtype: torch.dtype
+    ) -> dict[str, torch.Tensor]:
+        """The buffers viewed at the shapes of a backward of this size (after :meth:`check`)."""
+        return {
+            name: self.storage[name][: _numel(shape)].view(shape)
+            for name, (shape, _) in _buffer_specs(T, HV, K, V, num_chunks, dtype).items()
+        }
+
+
+class DetBackwardWorkspace(BackwardWorkspace):
+    """:class:`BackwardWorkspace` of deterministic backwards."""
+
+    deterministic = True
+
+
+class NonDetBackwardWorkspace(BackwardWorkspace):
+    """:class:`BackwardWorkspace` of non-deterministic backwards."""
+
+    deterministic = False
+
+
+def backward_from_recompute(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    G: torch.Tensor,
+    A_inv: torch.Tensor,
+    W: torch.Tensor,
+    h: torch.Tensor,
+    v_new: torch.Tensor,
+    *,
+    scale: float,
+    index: ChunkIndex,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    g_dtype: torch.dtype,
+    deterministic: bool,
+    workspace: BackwardWorkspace | None = None,
+    dqk_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Stages 1–5 given the forward's intermediates.
+
+    ``q, k: [T,H,K]`` (the tensors the recurrence used); ``v: [T,HV,V]``;
+    ``beta: [T,HV]``; ``G: [T,HV]`` fp32; ``A_inv: [T,HV,C]``; ``W: [T,HV,K]``;
+    ``h: [NT,HV,K,V]``; ``v_new: [T,HV,V]``; ``do: [T,HV,V]``; ``dht: [N,HV,K,V]``
+    or ``None``. Returns ``(dq [T,H,K], dk [T,H,K], dv, dg, dbeta, dh0 [N,HV,K,V] fp32)``
+    w.r.t. the tensors the recurrence used (before any L2-norm backward); ``dq``/``dk``
+    in ``dqk_dtype`` (default: q's dtype), the rest in their inputs' dtypes.
+    """
+    T, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    group = HV // H
+    dtype = k.dtype
+    shape_kw = dict(
+        T=T, H=H, HV=HV, K=K, V=V, num_chunks=index.num_chunks, num_docs=index.num_docs,
+        dtype=dtype, device=k.device,
+    )
+    if workspace is None:
+        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic)
+    else:
+        expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
+        require_instance(workspace, expected, "workspace")
+        workspace.check(deterministic=deterministic, **shape_kw)
+    ws = workspace.views(T, HV, K, V, index.num_chunks, dtype)
+
+    dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
+    dh, dvp, dh0 = chunk_state_bwd(
+        q, k, W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=ws["dv"]
+    )
+    dq_part, dk_part, dw, dg_part = dqkwg_bwd(
+        q, k, v_new, h, G, do, dh, dvp, scale, index, group,
+        dq=ws["dq_part"], dk=ws["dk_part"], dw=ws["dw"], dg=ws["dg_part"],
+    )
+    dk_part, dv, dbeta, dg = wy_bwd(
+        k, v, beta, G, A_inv, dw, dvp, dk_part, dg_part, index, group, g_dtype
+    )
+    dq = group_reduce(dq_part, group, dqk_dtype or q.dtype)
+    dk = group_reduce(dk_part, group, dqk_dtype or k.dtype)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def chunk_gdn_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    G: torch.Tensor | None,
+    *,
+    scale: float,
+    index: ChunkIndex,
+    initial_state: torch.Tensor | None,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    deterministic: bool,
+    workspace: BackwardWorkspace | None = None,
+    q_rstd: torch.Tensor | None = None,
+    k_rstd: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Full backward on flat tensors.
+
+    ``q, k: [T,H,K]`` are the tensors the recurrence used (L2-normalised when
+    ``q_rstd``/``k_rstd`` are given: then ``dq``/``dk`` are taken through the
+    normalisation's backward); ``v: [T,HV,V]``; ``g, beta: [T,HV]``; ``G``: the
+    forward's within-chunk cumsum of ``g`` (fp32) or ``None`` to recompute;
+    ``do: [T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None``.
+
+    Returns ``(dq, dk [T,H,K], dv [T,HV,V], dg, dbeta [T,HV], dh0 [N,HV,K,V] fp32)``
+    in the inputs' dtypes.
+    """
+    from gdn_core.ops.chunk_state import chunk_state_fwd
+    from gdn_core.ops.cumsum import chunk_cumsum_fwd
+    from gdn_core.ops.wy import wy_fwd
+
+    T, H, K = k.shape
+    HV = v.shape[1]
+    if HV % H:
+        raise ValueError(f"value heads HV={HV} must be a multiple of the q/k heads H={H}")
+    group = HV // H
+    if index.total_tokens != T:
+        raise ValueError(f"index covers {index.total_tokens} tokens, the inputs have T={T}")
+    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    do = do.to(k.dtype).contiguous()
+    if dht is not None:
+        dht = dht.contiguous()
+    if G is None:
+        G = chunk_cumsum_fwd(g.contiguous(), index)
+    G = G.contiguous()
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
+    h, v_new, _ = chunk_state_fwd(
+        k, W, U, G, index, group, initial_state=initial_state, output_final_state=False,
+        store_states=True,
+    )
+    l2 = q_rstd is not None or k_rstd is not None
+    dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
+        q, k, v, beta, G, A_inv, W, h, v_new, scale=scale, index=index, do=do, dht=dht,
+        g_dtype=g.dtype, deterministic=deterministic, workspace=workspace,
+        dqk_dtype=torch.float32 if l2 else None,
+    )
+    if l2:
+        # The normalisation's backward reads dq/dk in fp32, then casts once.
+        from gdn_core.ops.l2norm import l2norm_bwd
+
+        if q_rstd is not None:
+            dq = l2norm_bwd(q, q_rstd, dq)
+        if k_rstd is not None:
+            dk = l2norm_bwd(k, k_rstd, dk)
+        dq, dk = dq.to(q.dtype), dk.to(k.dtype)
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def gdn_backward_triton(
+    saved,
+    do: torch.Tensor,
+    dht: torch.Tensor | None = None,
+    *,
+    deterministic: bool,
+    workspace: BackwardWorkspace | None = None,
+) -> tuple[torch.Tensor, ...]:
+    """Backward from a :class:`gdn_core.compose.GDNSaved` of the triton backend.
+
+    ``do: [T,HV,V]`` (flat), ``dht: [N,HV,K,V]`` or ``None``. Returns
+    ``(dq, dk, dv, dg, dbeta, dh0)`` flat (see :func:`chunk_gdn_backward`).
+    """
+    if getattr(saved, "deterministic", deterministic) != deterministic:
+        raise ValueError(
+            f"saved set was produced with deterministic={saved.deterministic}, "
+            f"but the backward was asked for deterministic={deterministic}"
+        )
+    if saved.index is None:
+        raise ValueError("saved set has no ChunkIndex (not produced by the triton backend)")
+    l2 = bool(getattr(saved, "use_qk_l2norm_in_kernel", False))
+    return chunk_gdn_backward(
+        saved.q, saved.k, saved.v, saved.g, saved.beta, saved.G,
+        scale=saved.scale, index=saved.index, initial_state=saved.initial_state,
+        do=do, dht=dht, deterministic=deterministic, workspace=workspace,
+        q_rstd=saved.q_rstd if l2 else None, k_rstd=saved.k_rstd if l2 else None,
+    )

@@ -1,0 +1,172 @@
+"""Backward stage (b): the reverse chunk recurrence for the state gradient.
+
+For each document, from ``dS_N = dht`` (or 0), over its chunks in reverse::
+
+    dV'_c = dv_local_c + (K_c ⊙ exp(G_last − G))  dS_{c+1}
+    dS_c  = exp(G_last) dS_{c+1} + scale (diag(Γ) Q_c)ᵀ dO_c − W_cᵀ dV'_c
+    dh0   = dS_0
+
+One program per (V block, value head, document) keeps its ``[K, BV]`` slice of
+``dS`` in fp32 registers (the whole K extent: the ``Kd · dS`` term contracts
+over K, so K cannot be split across programs). Transposed operands (``Qᵀ``,
+``Wᵀ``) are loaded through swapped strides.
+
+Outputs:
+
+* ``dh [NT, HV, K, V]`` — ``dh[c] = dS_{c+1}``, the gradient of the state
+  *leaving* chunk ``c`` (= entering chunk ``c+1``), stored in the input dtype
+  like the forward's ``h``;
+* ``dv [T, HV, V]`` — the full ``dV'`` (= ``dU`` of the WY stage), input dtype;
+* ``dh0 [N, HV, K, V]`` fp32.
+
+No atomics; no reduction crosses programs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.dv_local import dot_precision
+from gdn_core.ops.registry import launcher
+
+__all__ = ["chunk_state_bwd", "chunk_state_bwd_config"]
+
+
+@triton.jit
+def _chunk_state_bwd_kernel(
+    q,
+    k,
+    W,
+    G,
+    do,
+    dv_local,
+    dht,
+    dh,
+    dv,
+    dh0,
+    chunk_start,
+    chunk_len,
+    doc_chunk_offsets,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    GROUP: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    USE_DHT: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_v = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_n = tl.program_id(2)
+    i_h = i_hv // GROUP
+    dt = k.dtype.element_ty
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < V
+    m_kv = m_k[:, None] & m_v[None, :]
+    off_kv = o_k[:, None] * V + o_v[None, :]
+
+    off_state = (i_n.to(tl.int64) * HV + i_hv) * (K * V)
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if USE_DHT:
+        b_dh += tl.load(dht + off_state + off_kv, mask=m_kv, other=0.0).to(tl.float32)
+
+    c0 = tl.load(doc_chunk_offsets + i_n)
+    c1 = tl.load(doc_chunk_offsets + i_n + 1)
+    for it in range(0, c1 - c0):
+        i_c = c1 - 1 - it
+        start = tl.load(chunk_start + i_c).to(tl.int64)
+        L = tl.load(chunk_len + i_c)
+        m_t = o_t < L
+        rows = start + o_t
+
+        # dh[c] = dS_{c+1}
+        off_c = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+        tl.store(dh + off_c + off_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+
+        b_g = tl.load(G + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
+        g_last = tl.load(G + (start + L - 1) * HV + i_hv).to(tl.float32)
+
+        # dV' = dv_local + Kd dS_{c+1}
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_k = tl.load(k + rows[:, None] * (H * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.0)
+        kd = tl.where(m_t, tl.exp(g_last - b_g), 0.0)
+        b_kd = (b_k.to(tl.float32) * kd[:, None]).to(dt)
+        m_tv = m_t[:, None] & m_v[None, :]
+        off_tv = rows[:, None] * (HV * V) + i_hv * V + o_v[None, :]
+        b_dv = tl.load(dv_local + off_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_dv += tl.dot(b_kd, b_dh.to(dt), input_precision=DOT_PREC)
+        tl.store(dv + off_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+
+        # dS_c = exp(G_last) dS_{c+1} + scale (Γ Q)^T dO - W^T dV'
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_qt = tl.load(q + rows[None, :] * (H * K) + i_h * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_qt = (b_qt.to(tl.float32) * (tl.exp(b_g) * scale)[None, :]).to(dt)
+        b_wt = tl.load(W + rows[None, :] * (HV * K) + i_hv * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_do = tl.load(do + off_tv, mask=m_tv, other=0.0)
+        b_dh = b_dh * tl.exp(g_last)
+        b_dh += tl.dot(b_qt, b_do, input_precision=DOT_PREC)
+        b_dh -= tl.dot(b_wt.to(dt), b_dv.to(dt), input_precision=DOT_PREC)
+
+    tl.store(dh0 + off_state + off_kv, b_dh, mask=m_kv)
+
+
+def chunk_state_bwd_config(K: int, V: int) -> dict:
+    """Pinned launch configuration: the whole K extent in one tile, ``BV`` columns."""
+    BK = triton.next_power_of_2(K)
+    BV = min(triton.next_power_of_2(V), 32 if BK <= 128 else 16)
+    return {"BK": BK, "BV": BV, "num_warps": 4, "num_stages": 1}
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_state_bwd_kernel,))
+def chunk_state_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    W: torch.Tensor,
+    G: torch.Tensor,
+    do: torch.Tensor,
+    dv_local: torch.Tensor,
+    dht: torch.Tensor | None,
+    scale: float,
+    index: ChunkIndex,
+    group: int,
+    dh: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Reverse state recurrence. Returns ``(dh [NT,HV,K,V], dv [T,HV,V], dh0 [N,HV,K,V] fp32)``.
+
+    ``q, k: [T,H,K]``; ``W: [T,HV,K]``; ``G: [T,HV]`` fp32; ``do, dv_local: [T,HV,V]``;
+    ``dht: [N,HV,K,V]`` or ``None``. ``dh``/``dv`` may supply the result buffers.
+    """
+    T, H, K = k.shape
+    HV, V = do.shape[1], do.shape[2]
+    N, NT = index.num_docs, index.num_chunks
+    if dh is None:
+        dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=k.device)
+    if dv is None:
+        dv = torch.empty(T, HV, V, dtype=k.dtype, device=k.device)
+    dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device)
+    if N == 0:
+        return dh, dv, dh0
+    if dht is not None:
+        dht = dht.contiguous()
+    cfg = chunk_state_bwd_config(K, V)
+    grid = (triton.cdiv(V, cfg["BV"]), HV, N)
+    _chunk_state_bwd_kernel[grid](
+        q, k, W, G, do, dv_local, dht if dht is not None else dh0, dh, dv, dh0,
+        index.chunk_start, index.chunk_len, index.doc_chunk_offsets, float(scale),
+        H=H, HV=HV, K=K, V=V, GROUP=group, BT=index.chunk_size,
+        BK=cfg["BK"], BV=cfg["BV"], USE_DHT=dht is not None, DOT_PREC=dot_precision(k.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return dh, dv, dh0
