@@ -1,0 +1,240 @@
+"""Each package installs alone: its wheel (plus gdn-core's) into a fresh venv.
+
+The venvs see the running environment's packages (``--system-site-packages``,
+and, when the tests themselves run in a venv such as Hatch's, a ``.pth``
+bridge to that venv's site-packages) so that torch, numpy, triton, pip and
+hatchling come from there and nothing is downloaded.  Everything is checked
+against the venv's *own* site-packages, since the surrounding environment may
+hold editable installs of the repo's packages.
+"""
+
+from __future__ import annotations
+
+import email.parser
+import json
+import os
+import re
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+from urllib.request import url2pathname
+
+import pytest
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PACKAGES_DIR = REPO_ROOT / "packages"
+CORE = "gdn-core"
+EXPECTED_PACKAGES = {
+    "gdn-core",
+    "gdn-train",
+    "gdn-det-train",
+    "gdn-train-kcp",
+    "gdn-det-train-kcp",
+    "kda-det-train",
+}
+TIMEOUT = 300
+
+
+def canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _discover() -> tuple[dict[str, str], dict[str, Path]]:
+    """(dist name -> import name, dist name -> project dir) from packages/*/pyproject.toml."""
+    imports, dirs = {}, {}
+    for pyproject in sorted(PACKAGES_DIR.glob("*/pyproject.toml")):
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+        dist = canonical(data["project"]["name"])
+        imports[dist] = dist.replace("-", "_")
+        dirs[dist] = pyproject.parent
+    return imports, dirs
+
+
+PACKAGES, PROJECT_DIRS = _discover()
+REPO_DISTS = set(PACKAGES)
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    for var in ("PYTHONPATH", "PYTHONHOME", "PIP_REQUIRE_VIRTUALENV", "PIP_USER", "VIRTUAL_ENV"):
+        env.pop(var, None)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    env["PIP_NO_INPUT"] = "1"
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=TIMEOUT)
+    if proc.returncode != 0:
+        pytest.fail(
+            f"command failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+            f"--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr}"
+        )
+    return proc
+
+
+# ------------------------------------------------------------ wheels ---
+
+
+class WheelBuilder:
+    def __init__(self, out: Path):
+        self.out = out
+        self.cache: dict[str, Path] = {}
+
+    def __call__(self, dist: str) -> Path:
+        if dist not in self.cache:
+            dest = self.out / dist
+            dest.mkdir(parents=True)
+            _run(
+                [
+                    sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                    "--no-index", "-q", "-w", str(dest), str(PROJECT_DIRS[dist]),
+                ],
+                cwd=self.out,
+            )  # fmt: skip
+            wheels = list(dest.glob("*.whl"))
+            assert len(wheels) == 1, wheels
+            self.cache[dist] = wheels[0]
+        return self.cache[dist]
+
+
+@pytest.fixture(scope="session")
+def build_wheel(tmp_path_factory) -> WheelBuilder:
+    """Builds each package's wheel once per session (gdn-core's is shared)."""
+    return WheelBuilder(tmp_path_factory.mktemp("wheels"))
+
+
+def wheel_metadata(wheel: Path) -> email.message.Message:
+    with zipfile.ZipFile(wheel) as zf:
+        (name,) = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        return email.parser.Parser().parsestr(zf.read(name).decode("utf-8"))
+
+
+def requires_dist(meta: email.message.Message) -> dict[str, str]:
+    """canonical name -> full requirement string."""
+    out = {}
+    for req in meta.get_all("Requires-Dist") or []:
+        name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", req).group(1)
+        out[canonical(name)] = req
+    return out
+
+
+# -------------------------------------------------------------- venvs ---
+
+
+class Venv:
+    def __init__(self, path: Path):
+        self.path = path
+        _run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(path)],
+             cwd=path.parent)  # fmt: skip
+        bindir = "Scripts" if os.name == "nt" else "bin"
+        self.python = str(path / bindir / ("python.exe" if os.name == "nt" else "python"))
+        self.purelib = Path(self.eval("import sysconfig; print(sysconfig.get_paths()['purelib'])"))
+        if sys.prefix != sys.base_prefix:
+            # We run inside a venv (e.g. Hatch's): --system-site-packages reaches
+            # only the base interpreter's, so bridge to ours for torch & co.
+            # Plain path lines: the .pth files there (editable installs) stay inactive.
+            lines = [p for p in site.getsitepackages() if Path(p).is_dir()]
+            (self.purelib / "_parent_env.pth").write_text("\n".join(lines) + "\n")
+
+    def eval(self, code: str) -> str:
+        return _run([self.python, "-c", code], cwd=self.path).stdout.strip()
+
+    def pip(self, *args: str) -> subprocess.CompletedProcess:
+        return _run([self.python, "-m", "pip", *args], cwd=self.path)
+
+    def own_dists(self) -> set[str]:
+        """Distributions installed in the venv's own site-packages."""
+        names = set()
+        for info in self.purelib.glob("*.dist-info"):
+            meta = email.parser.Parser().parsestr((info / "METADATA").read_text("utf-8"))
+            names.add(canonical(meta["Name"]))
+        return names
+
+    def inspect(self, *dists: str) -> dict[str, dict]:
+        """Import each dist's package in the venv: its __version__, __file__ and
+        the version importlib.metadata reports."""
+        modules = {d: PACKAGES[d] for d in dists}
+        code = (
+            "import importlib, importlib.metadata as md, json\n"
+            "out = {}\n"
+            f"for dist, mod in {modules!r}.items():\n"
+            "    m = importlib.import_module(mod)\n"
+            "    out[dist] = {'version': getattr(m, '__version__', None), 'file': m.__file__,\n"
+            "                 'dist_version': md.version(dist)}\n"
+            "print(json.dumps(out))\n"
+        )
+        return json.loads(self.eval(code).splitlines()[-1])
+
+
+@pytest.fixture
+def venv(tmp_path) -> Venv:
+    return Venv(tmp_path / "venv")
+
+
+def _under(path: str | Path, parent: Path) -> bool:
+    try:
+        Path(path).resolve().relative_to(parent.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+# -------------------------------------------------------------- tests ---
+
+
+def test_the_six_packages_are_there():
+    assert set(PACKAGES) == EXPECTED_PACKAGES
+
+
+@pytest.mark.parametrize("dist", sorted(PACKAGES))
+def test_wheel_requires_only_gdn_core_of_the_repo(dist, build_wheel):
+    meta = wheel_metadata(build_wheel(dist))
+    assert canonical(meta["Name"]) == dist
+    reqs = requires_dist(meta)
+    repo_reqs = set(reqs) & REPO_DISTS
+    if dist == CORE:
+        assert repo_reqs == set(), reqs
+        return
+    assert repo_reqs == {CORE}, reqs
+    # the direct reference points at this checkout's gdn-core
+    url = reqs[CORE].split("@", 1)[1].split(";", 1)[0].strip()
+    parsed = urlparse(url)
+    assert parsed.scheme == "file", url
+    assert Path(url2pathname(unquote(parsed.path))).resolve() == PROJECT_DIRS[CORE].resolve()
+
+
+@pytest.mark.parametrize("dist", sorted(PACKAGES))
+def test_install_alone(dist, build_wheel, venv):
+    wheel = build_wheel(dist)
+    wheels = [wheel] if dist == CORE else [wheel, build_wheel(CORE)]
+    venv.pip("install", "--no-deps", "--no-index", "-q", *map(str, wheels))
+
+    expected = {dist, CORE}
+    assert venv.own_dists() == expected
+
+    info = venv.inspect(*sorted(expected))
+    for d in expected:
+        version = wheel_metadata(build_wheel(d))["Version"]
+        assert info[d]["version"] == version, d
+        assert info[d]["dist_version"] == version, d
+        assert _under(info[d]["file"], venv.purelib), info[d]  # not the checkout's src/
+
+
+def test_install_from_checkout(venv):
+    """``pip install packages/gdn-det-train-kcp`` resolves gdn-core from the checkout."""
+    dist = "gdn-det-train-kcp"
+    venv.pip("install", "--no-build-isolation", "--no-index", "-q", str(PROJECT_DIRS[dist]))
+    assert venv.own_dists() == {dist, CORE}
+    for d, info in venv.inspect(dist, CORE).items():
+        assert _under(info["file"], venv.purelib), info
+        assert info["version"] == info["dist_version"], d
