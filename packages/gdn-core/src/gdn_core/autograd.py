@@ -1,0 +1,477 @@
+"""What the single-rank training packages have in common: the gated GDN
+forward/backward composition, its ``torch.autograd.Function``, and the
+mode-typed bases of their saved sets, workspaces and gradients.
+
+* :func:`gated_gdn_fwd` / :func:`gated_gdn_bwd` — :func:`gdn_core.compose.
+  chunk_gdn_fwd` / :func:`~gdn_core.compose.chunk_gdn_bwd` plus the optional
+  in-kernel gate ``g = −exp(A_log)·softplus(g_raw + dt_bias)``
+  (:mod:`gdn_core.gate`), parametrised by ``deterministic``.
+* :class:`ChunkGDNFunction` / :func:`chunk_gdn_autograd` — the differentiable
+  call (gradients for ``q, k, v, g, beta, initial_state, A_log, dt_bias``).
+* :class:`TrainSaved`, :class:`TrainWorkspace`, :class:`TrainGrads` — bases a
+  package subclasses once per mode (``deterministic = True``/``False``);
+  :func:`train_fwd` / :func:`train_bwd` drive them. Type checks against the
+  package's own classes (:func:`gdn_core.typed.require_instance`) happen in the
+  package, before anything here runs.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from gdn_core.chunking import CHUNK_SIZE
+from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
+from gdn_core.gate import gate_bwd, gate_fwd, validate_gate_params
+from gdn_core.typed import TypedSaved, TypedWorkspace, mode_name
+from gdn_core.validation import GDNShapes, validate_gdn_inputs
+
+__all__ = [
+    "GateSaved",
+    "TrainSaved",
+    "TrainWorkspace",
+    "TrainGrads",
+    "gated_gdn_fwd",
+    "gated_gdn_bwd",
+    "train_fwd",
+    "train_bwd",
+    "ChunkGDNFunction",
+    "chunk_gdn_autograd",
+]
+
+
+# --------------------------------------------------------------------------
+# Saved sets, gradients, workspaces
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class GateSaved:
+    """The in-kernel gate's inputs (the gate output is recomputed in the backward)."""
+
+    g_raw: torch.Tensor
+    A_log: torch.Tensor
+    dt_bias: torch.Tensor
+
+
+class TrainSaved(TypedSaved):
+    """Base of a training package's saved set: the core :class:`GDNSaved` (made
+    in this class's mode) and, with the in-kernel gate, its :class:`GateSaved`."""
+
+    __slots__ = ("core", "gate")
+
+    def __init__(self, core: GDNSaved, gate: GateSaved | None = None) -> None:
+        if type(self).deterministic is None:
+            raise TypeError(f"{type(self).__qualname__} has no mode; subclass it")
+        if core.deterministic != self.deterministic:
+            raise ValueError(
+                f"{type(self).__qualname__} ({self.mode}) cannot hold a saved state made with "
+                f"deterministic={core.deterministic}"
+            )
+        self.core = core
+        self.gate = gate
+
+    @property
+    def shapes(self) -> GDNShapes:
+        return self.core.shapes
+
+    @property
+    def device(self) -> torch.device:
+        return self.core.device
+
+    @property
+    def backend(self) -> str:
+        return self.core.backend
+
+    @property
+    def use_gate_in_kernel(self) -> bool:
+        return self.gate is not None
+
+    def __repr__(self) -> str:
+        s = self.shapes
+        return (
+            f"{type(self).__qualname__}({self.mode}, backend={self.backend}, B={s.B}, T={s.T}, "
+            f"H={s.H}, HV={s.HV}, K={s.K}, V={s.V}, docs={s.num_docs}, "
+            f"gate={self.use_gate_in_kernel})"
+        )
+
+
+@dataclass
+class TrainGrads:
+    """Gradients of one call: ``dq, dk [B,T,H,K]``, ``dv [B,T,HV,V]``, ``dg, dbeta
+    [B,T,HV]`` (``dg`` is for the ``g`` the caller passed: the raw gate input
+    with ``use_gate_in_kernel``), ``dh0 [N,HV,K,V]`` or ``None``, ``dA_log`` and
+    ``ddt_bias [HV]`` with the in-kernel gate, else ``None``."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dg: torch.Tensor
+    dbeta: torch.Tensor
+    dh0: torch.Tensor | None
+    dA_log: torch.Tensor | None = None
+    ddt_bias: torch.Tensor | None = None
+
+    def as_dict(self) -> dict[str, torch.Tensor | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def _max_chunks(tokens: int, docs: int, chunk_size: int) -> int:
+    """Upper bound of the chunk count of ``tokens`` split into ``docs`` documents."""
+    if tokens == 0:
+        return 0
+    return math.ceil(tokens / chunk_size) + max(docs, 1) - 1
+
+
+def _num_chunks(offsets: tuple[int, ...], chunk_size: int) -> int:
+    return sum(-(-(b - a) // chunk_size) for a, b in zip(offsets[:-1], offsets[1:]))
+
+
+class TrainWorkspace(TypedWorkspace):
+    """Base of a training package's backward workspace.
+
+    Sized once (:meth:`for_shapes`, :meth:`for_inputs`) for a largest problem
+    — ``tokens`` (``B*T``), ``chunks`` and ``docs`` up to the capacity, heads and
+    head dimensions exactly — and reused step after step. On the triton backend
+    it holds the kernels' scratch buffers (``gdn_core.ops.backward.
+    BackwardWorkspace``), made at sizing time (CUDA) or at first use.
+    """
+
+    def __init__(
+        self,
+        *,
+        T: int,
+        H: int,
+        K: int,
+        V: int,
+        HV: int | None = None,
+        B: int = 1,
+        num_docs: int | None = None,
+        device: torch.device | str = "cuda",
+        dtype: torch.dtype = torch.bfloat16,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        if type(self).deterministic is None:
+            raise TypeError(f"{type(self).__qualname__} has no mode; subclass it")
+        HV = H if HV is None else HV
+        for name, val in (("T", T), ("H", H), ("HV", HV), ("K", K), ("V", V), ("B", B)):
+            if not isinstance(val, int) or val < (0 if name == "T" else 1):
+                raise ValueError(f"{name} must be a positive int, got {val!r}")
+        if HV % H:
+            raise ValueError(f"HV={HV} must be a multiple of H={H}")
+        docs = B if num_docs is None else int(num_docs)
+        if docs < 1:
+            raise ValueError(f"num_docs must be >= 1, got {num_docs!r}")
+        tokens = B * T
+        super().__init__(
+            device,
+            capacity={"tokens": tokens, "chunks": _max_chunks(tokens, docs, chunk_size),
+                      "docs": docs},
+            layout={"H": H, "HV": HV, "K": K, "V": V, "chunk_size": chunk_size},
+        )
+        self.dtype = dtype
+        self.core: Any = None
+        self._core_backend_checked = False
+        try:
+            backend = resolve_backend(self.device, dtype)
+        except (TypeError, ValueError):
+            backend = "reference"
+        if backend == "triton" and self.device.type == "cuda":
+            self.core = self._make_core()
+
+    @classmethod
+    def for_shapes(cls, *, T: int, H: int, K: int, V: int, HV: int | None = None, B: int = 1,
+                   num_docs: int | None = None, device: torch.device | str = "cuda",
+                   dtype: torch.dtype = torch.bfloat16):
+        """A workspace for problems up to ``B*T`` tokens in up to ``num_docs``
+        documents (default ``B``: a fixed-length batch) with ``H`` q/k heads,
+        ``HV`` value heads (default ``H``) and head dimensions ``K``, ``V``."""
+        return cls(T=T, H=H, K=K, V=V, HV=HV, B=B, num_docs=num_docs, device=device,
+                   dtype=dtype)
+
+    @classmethod
+    def for_inputs(cls, q: torch.Tensor, v: torch.Tensor, cu_seqlens=None):
+        """A workspace sized for exactly the problem of ``q [B,T,H,K]``, ``v [B,T,HV,V]``
+        (and ``cu_seqlens``)."""
+        B, T, H, K = q.shape
+        docs = None if cu_seqlens is None else len(cu_seqlens) - 1
+        return cls.for_shapes(T=T, H=H, K=K, V=v.shape[3], HV=v.shape[2], B=B, num_docs=docs,
+                              device=q.device, dtype=q.dtype)
+
+    def check_shapes(self, shapes: GDNShapes, device: torch.device,
+                     argname: str = "workspace") -> None:
+        """Raise ``ValueError`` unless this workspace serves ``shapes`` on ``device``."""
+        self.check_fits(
+            device,
+            {"tokens": shapes.B * shapes.T,
+             "chunks": _num_chunks(shapes.offsets, self.layout["chunk_size"]),
+             "docs": shapes.num_docs},
+            {"H": shapes.H, "HV": shapes.HV, "K": shapes.K, "V": shapes.V},
+            argname=argname,
+        )
+
+    def _make_core(self) -> Any:
+        """The kernels' ``BackwardWorkspace`` (``None`` until the kernels provide one)."""
+        try:
+            from gdn_core.ops.backward import BackwardWorkspace
+        except ImportError:
+            return None
+        factory = getattr(BackwardWorkspace, "for_shapes", None)
+        if factory is None:
+            return None
+        cap, lay = self.capacity, self.layout
+        offered = {
+            "B": 1, "T": cap["tokens"], "tokens": cap["tokens"], "max_tokens": cap["tokens"],
+            "H": lay["H"], "HV": lay["HV"], "K": lay["K"], "V": lay["V"],
+            "num_docs": cap["docs"], "docs": cap["docs"], "N": cap["docs"],
+            "num_chunks": cap["chunks"], "NT": cap["chunks"], "chunks": cap["chunks"],
+            "max_chunks": cap["chunks"], "chunk_size": lay["chunk_size"],
+            "device": self.device, "dtype": self.dtype, "deterministic": self.deterministic,
+        }
+        params = inspect.signature(factory).parameters
+        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            raise RuntimeError("BackwardWorkspace.for_shapes must declare its parameters")
+        kwargs = {name: offered[name] for name in params if name in offered}
+        missing = [n for n, p in params.items()
+                   if n not in kwargs and p.default is p.empty
+                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        if missing:
+            raise RuntimeError(
+                f"gdn_core.ops.backward.BackwardWorkspace.for_shapes needs {missing}; "
+                "gdn_core.autograd.TrainWorkspace does not know how to size them"
+            )
+        return factory(**kwargs)
+
+    def core_for(self, saved: GDNSaved) -> Any:
+        """The kernels' workspace for a triton-backend backward (made on first use)."""
+        if saved.backend != "triton":
+            return None
+        if self.core is None and not self._core_backend_checked:
+            self._core_backend_checked = True
+            self.core = self._make_core()
+        return self.core
+
+
+# --------------------------------------------------------------------------
+# Composition
+# --------------------------------------------------------------------------
+
+
+def gated_gdn_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    deterministic: bool,
+    backend: str | None = None,
+    workspace: TrainWorkspace | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved, GateSaved | None]:
+    """Validate, apply the optional gate, run :func:`chunk_gdn_fwd`.
+
+    Returns ``(o, final_state, core_saved, gate_saved)``. All argument checks
+    (inputs, gate parameters, and ``workspace``'s size/device if given) run
+    before any computation.
+    """
+    shapes = validate_gdn_inputs(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        allow_float64=True,
+    )
+    if not isinstance(use_gate_in_kernel, bool):
+        raise TypeError(
+            f"use_gate_in_kernel must be a bool, got {type(use_gate_in_kernel).__name__}"
+        )
+    if use_gate_in_kernel:
+        validate_gate_params(g, A_log, dt_bias, shapes.HV)
+    elif A_log is not None or dt_bias is not None:
+        raise ValueError("A_log and dt_bias are used only with use_gate_in_kernel=True")
+    if workspace is not None:
+        workspace.check_shapes(shapes, v.device)
+    # resolve the backend now so a bad device/dtype combination fails before the gate runs
+    chosen = resolve_backend(q.device, q.dtype, backend)
+    offsets = list(shapes.offsets) if cu_seqlens is not None else None
+    gate = None
+    g_used = g
+    if use_gate_in_kernel:
+        gate = GateSaved(g, A_log, dt_bias)
+        g_used = gate_fwd(g, A_log, dt_bias)
+    o, final, core = chunk_gdn_fwd(
+        q, k, v, g_used, beta, scale=scale, initial_state=initial_state,
+        output_final_state=output_final_state, cu_seqlens=offsets,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, deterministic=deterministic,
+        backend=chosen,
+    )
+    return o, final, core, gate
+
+
+def gated_gdn_bwd(
+    core: GDNSaved,
+    gate: GateSaved | None,
+    do: torch.Tensor,
+    dht: torch.Tensor | None = None,
+    *,
+    deterministic: bool,
+    workspace: TrainWorkspace | None = None,
+) -> tuple[GDNGrads, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`chunk_gdn_bwd` then the gate's backward.
+
+    Returns ``(grads, dA_log, ddt_bias)`` with ``grads.dg`` for the raw gate
+    input when ``gate`` is given (``dA_log``/``ddt_bias`` ``None`` otherwise).
+    """
+    if workspace is not None:
+        workspace.check_shapes(core.shapes, core.device)
+    core_ws = workspace.core_for(core) if workspace is not None else None
+    grads = chunk_gdn_bwd(core, do, dht, deterministic=deterministic, workspace=core_ws)
+    if gate is None:
+        return grads, None, None
+    dg_raw, dA_log, ddt_bias = gate_bwd(
+        gate.g_raw, gate.A_log, gate.dt_bias, grads.dg, deterministic=deterministic
+    )
+    grads.dg = dg_raw
+    return grads, dA_log, ddt_bias
+
+
+def train_fwd(
+    saved_cls: type[TrainSaved],
+    q, k, v, g, beta, *, workspace: TrainWorkspace | None = None, **kwargs: Any,
+) -> tuple[torch.Tensor, torch.Tensor | None, TrainSaved]:
+    """:func:`gated_gdn_fwd` in ``saved_cls``'s mode, wrapped into a ``saved_cls``."""
+    o, final, core, gate = gated_gdn_fwd(
+        q, k, v, g, beta, deterministic=bool(saved_cls.deterministic), workspace=workspace,
+        **kwargs,
+    )
+    return o, final, saved_cls(core, gate)
+
+
+def train_bwd(
+    saved: TrainSaved,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    *,
+    workspace: TrainWorkspace | None,
+    grads_cls: type[TrainGrads],
+) -> TrainGrads:
+    """Backward of a package's saved set (already type-checked by the package)."""
+    det = saved.deterministic
+    if workspace is not None and workspace.deterministic != det:
+        raise ValueError(
+            f"workspace must be a {mode_name(bool(det))} workspace, got "
+            f"{type(workspace).__qualname__} ({workspace.mode})"
+        )
+    grads, dA_log, ddt_bias = gated_gdn_bwd(
+        saved.core, saved.gate, do, dht, deterministic=bool(det), workspace=workspace
+    )
+    return grads_cls(grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dh0,
+                     dA_log, ddt_bias)
+
+
+# --------------------------------------------------------------------------
+# autograd
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Options:
+    scale: float | None
+    output_final_state: bool
+    cu_seqlens: tuple[int, ...] | None
+    use_qk_l2norm_in_kernel: bool
+    use_gate_in_kernel: bool
+    deterministic: bool
+    backend: str | None
+    workspace: Any
+
+
+class ChunkGDNFunction(torch.autograd.Function):
+    """``apply(opts, q, k, v, g, beta, initial_state, A_log, dt_bias) -> (o, final)``.
+
+    ``final`` is an empty tensor when not requested. Use :func:`chunk_gdn_autograd`.
+    """
+
+    @staticmethod
+    def forward(ctx, opts: _Options, q, k, v, g, beta, initial_state, A_log, dt_bias):
+        o, final, core, gate = gated_gdn_fwd(
+            q, k, v, g, beta, scale=opts.scale, initial_state=initial_state,
+            output_final_state=opts.output_final_state,
+            cu_seqlens=None if opts.cu_seqlens is None else list(opts.cu_seqlens),
+            use_qk_l2norm_in_kernel=opts.use_qk_l2norm_in_kernel,
+            use_gate_in_kernel=opts.use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+            deterministic=opts.deterministic, backend=opts.backend,
+        )
+        ctx.core, ctx.gate, ctx.opts = core, gate, opts
+        ctx.h0_dtype = None if initial_state is None else initial_state.dtype
+        ctx.set_materialize_grads(False)
+        if final is None:
+            final = o.new_empty(0)
+        return o, final
+
+    @staticmethod
+    def backward(ctx, do, dfinal):
+        core, opts = ctx.core, ctx.opts
+        s = core.shapes
+        if do is None:
+            do = torch.zeros(s.B, s.T, s.HV, s.V, dtype=core.v.dtype, device=core.device)
+        dht = dfinal if (opts.output_final_state and dfinal is not None) else None
+        grads, dA_log, ddt_bias = gated_gdn_bwd(
+            core, ctx.gate, do.contiguous(), dht, deterministic=opts.deterministic,
+            workspace=opts.workspace,
+        )
+        dh0 = grads.dh0
+        if dh0 is not None and ctx.h0_dtype is not None:
+            dh0 = dh0.to(ctx.h0_dtype)
+        return (None, grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0, dA_log,
+                ddt_bias)
+
+
+def chunk_gdn_autograd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    use_qk_l2norm_in_kernel: bool = False,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    deterministic: bool,
+    workspace: TrainWorkspace | None = None,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Differentiable gated GDN: ``(o [B,T,HV,V], final_state [N,HV,K,V] fp32 or None)``.
+
+    Validates everything (including ``workspace``'s fit) before computing; the
+    backward reuses ``workspace`` if given.
+    """
+    shapes = validate_gdn_inputs(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        allow_float64=True,
+    )
+    offsets = tuple(shapes.offsets) if cu_seqlens is not None else None
+    opts = _Options(
+        scale=scale, output_final_state=bool(output_final_state), cu_seqlens=offsets,
+        use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
+        use_gate_in_kernel=use_gate_in_kernel, deterministic=bool(deterministic),
+        backend=backend, workspace=workspace,
+    )
+    if workspace is not None:
+        workspace.check_shapes(shapes, v.device)
+    o, final = ChunkGDNFunction.apply(opts, q, k, v, g, beta, initial_state, A_log, dt_bias)
+    return o, (final if output_final_state else None)

@@ -1,0 +1,289 @@
+"""Causal depthwise conv1d (the short convolution in front of a GDN layer).
+
+``x: [B, T, D]``, ``weight: [D, W]``, ``bias: [D]`` or ``None``::
+
+    y[t, d] = act( bias[d] + Σ_{j=0}^{W-1} weight[d, W-1-j] · x[t-j, d] )
+
+(``weight[:, -1]`` multiplies the current token, as in ``torch.nn.functional.
+conv1d`` with ``padding=W-1`` truncated to the first ``T`` outputs), ``act``
+SiLU or the identity. Tokens before a sequence start read zeros: with
+``cu_seqlens`` (``B == 1``) no token sees a previous document.
+
+**Halo** (context parallelism). ``halo: [B, W-1, D]`` stands for the ``W-1``
+tokens that precede token 0 of each row — the previous rank's last tokens of
+the document that continues here (zeros when the document starts here). It is
+read by the tokens of the document holding token 0 (the first document of the
+row) only; :func:`causal_conv1d_bwd` returns its gradient ``dhalo`` for the
+caller to send back to the rank that owns those tokens.
+
+The backward is explicit: ``dx`` (and ``dhalo``) are dense shifted adds in a
+fixed order; ``dweight`` and ``dbias`` are reductions over all tokens, computed
+with :func:`gdn_core.gate.ordered_token_sum` (fixed block grid, partials added
+in order) when ``deterministic=True``. Plain vectorised torch: runs on CPU and
+CUDA; compute in fp32 (fp64 for fp64 input), results in the inputs' dtypes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_core.chunking import host_offsets
+from gdn_core.gate import ordered_token_sum
+
+__all__ = [
+    "ACTIVATIONS",
+    "causal_conv1d_fwd",
+    "causal_conv1d_bwd",
+    "CausalConv1dFunction",
+    "causal_conv1d",
+    "validate_conv1d_inputs",
+]
+
+ACTIVATIONS = (None, "silu", "swish")
+_FLOATS = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
+
+
+def _require_float_tensor(name: str, x: object) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype not in _FLOATS:
+        names = ", ".join(str(d).removeprefix("torch.") for d in _FLOATS)
+        raise TypeError(f"{name} has dtype {x.dtype}; expected one of {names}")
+    return x
+
+
+def validate_conv1d_inputs(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    halo: torch.Tensor | None = None,
+) -> list[int] | None:
+    """Check the conv1d arguments; return the host document offsets (or ``None``).
+
+    Raises ``TypeError`` (non-tensor, dtype) or ``ValueError`` (shape, device,
+    activation, ``cu_seqlens``), naming the public argument.
+    """
+    _require_float_tensor("x", x)
+    _require_float_tensor("weight", weight)
+    if x.dim() != 3:
+        raise ValueError(f"x must be [B, T, D], got shape {tuple(x.shape)}")
+    B, T, D = x.shape
+    if weight.dim() != 2 or weight.shape[0] != D or weight.shape[1] < 1:
+        raise ValueError(
+            f"weight must be [D={D}, W] (one filter of width W >= 1 per channel), "
+            f"got shape {tuple(weight.shape)}"
+        )
+    W = weight.shape[1]
+    devices = {x.device, weight.device}
+    if bias is not None:
+        _require_float_tensor("bias", bias)
+        if tuple(bias.shape) != (D,):
+            raise ValueError(f"bias must have shape ({D},), got {tuple(bias.shape)}")
+        devices.add(bias.device)
+    if halo is not None:
+        _require_float_tensor("halo", halo)
+        if tuple(halo.shape) != (B, W - 1, D):
+            raise ValueError(
+                f"halo must have shape (B={B}, W-1={W - 1}, D={D}) (the W-1 tokens before "
+                f"token 0), got {tuple(halo.shape)}"
+            )
+        devices.add(halo.device)
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
+    if cu_seqlens is None:
+        return None
+    if isinstance(cu_seqlens, torch.Tensor):
+        if cu_seqlens.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 or int64")
+        if cu_seqlens.dim() != 1:
+            raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
+    elif not isinstance(cu_seqlens, (list, tuple)):
+        raise TypeError(
+            f"cu_seqlens must be a tensor, a list of ints or None, got {type(cu_seqlens).__name__}"
+        )
+    if B != 1:
+        raise ValueError(f"cu_seqlens requires batch size B == 1 (packed documents), got B={B}")
+    offs = host_offsets(cu_seqlens, B, T)
+    if len(offs) < 2 or offs[0] != 0:
+        raise ValueError(f"cu_seqlens must start at 0 and hold at least 2 entries, got {offs}")
+    for i in range(1, len(offs)):
+        if offs[i] < offs[i - 1]:
+            raise ValueError(
+                f"cu_seqlens must be non-decreasing, but cu_seqlens[{i}]={offs[i]} < "
+                f"cu_seqlens[{i - 1}]={offs[i - 1]}"
+            )
+    if offs[-1] != T:
+        raise ValueError(f"cu_seqlens must end at T={T} (the packed length), got {offs[-1]}")
+    return offs
+
+
+def _compute_dtype(*xs: torch.Tensor | None) -> torch.dtype:
+    return torch.float64 if any(x is not None and x.dtype == torch.float64 for x in xs) \
+        else torch.float32
+
+
+def _lag_masks(offsets: list[int] | None, T: int, W: int, device, dtype) -> list | None:
+    """Per lag ``j``: ``[T, 1]`` 0/1 mask of tokens allowed to read ``x[t-j]``.
+
+    A token may read lag ``j`` if ``t-j`` lies in its document, or if its
+    document starts at token 0 (then ``t-j < 0`` reads the halo/zeros).
+    ``None`` when nothing needs masking (no ``cu_seqlens``, or one document).
+    """
+    if offsets is None or len(offsets) <= 2 or W == 1:
+        return None
+    starts = torch.tensor(offsets[:-1], dtype=torch.int64)
+    lengths = torch.tensor([b - a for a, b in zip(offsets[:-1], offsets[1:])], dtype=torch.int64)
+    start = torch.repeat_interleave(starts, lengths, output_size=T)
+    pos = torch.arange(T, dtype=torch.int64) - start
+    first = start == 0
+    masks = [None]  # lag 0 always allowed
+    for j in range(1, W):
+        masks.append(((pos >= j) | first).to(dtype).to(device).unsqueeze(-1))
+    return masks
+
+
+def _pre_activation(xpad, w, bias, T, W, masks, dt):
+    B, _, D = xpad.shape
+    acc = bias.to(dt).expand(B, T, D).clone() if bias is not None else xpad.new_zeros(B, T, D)
+    for j in range(W):
+        term = xpad[:, W - 1 - j : W - 1 - j + T] * w[:, W - 1 - j]
+        if masks is not None and masks[j] is not None:
+            term = term * masks[j]
+        acc += term
+    return acc
+
+
+def _padded(x, halo, W, dt):
+    B, T, D = x.shape
+    left = halo.to(dt) if halo is not None else x.new_zeros(B, W - 1, D, dtype=dt)
+    return torch.cat([left, x.to(dt)], dim=1)
+
+
+def causal_conv1d_fwd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    halo: torch.Tensor | None = None,
+    *,
+    deterministic: bool = False,
+) -> torch.Tensor:
+    """Forward: ``y [B, T, D]`` in ``x``'s dtype. See the module docstring.
+
+    (The forward has no cross-token reduction; ``deterministic`` is accepted
+    for symmetry with the backward.)
+    """
+    del deterministic
+    offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
+    B, T, D = x.shape
+    W = weight.shape[1]
+    dt = _compute_dtype(x, weight, bias, halo)
+    masks = _lag_masks(offsets, T, W, x.device, dt)
+    pre = _pre_activation(_padded(x, halo, W, dt), weight.to(dt), bias, T, W, masks, dt)
+    y = torch.nn.functional.silu(pre) if activation is not None else pre
+    return y.to(x.dtype)
+
+
+def causal_conv1d_bwd(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    dy: torch.Tensor,
+    activation: str | None = "silu",
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    halo: torch.Tensor | None = None,
+    *,
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Backward: ``(dx, dweight, dbias, dhalo)``.
+
+    ``dbias`` is ``None`` without ``bias``; ``dhalo`` (``[B, W-1, D]``) is
+    ``None`` without ``halo``. ``dweight``/``dbias`` are token reductions in a
+    fixed order when ``deterministic``.
+    """
+    offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
+    if not isinstance(dy, torch.Tensor):
+        raise TypeError(f"dy must be a torch.Tensor, got {type(dy).__name__}")
+    if dy.shape != x.shape or dy.device != x.device:
+        raise ValueError(f"dy must match x ({tuple(x.shape)} on {x.device}), got "
+                         f"{tuple(dy.shape)} on {dy.device}")
+    B, T, D = x.shape
+    W = weight.shape[1]
+    dt = _compute_dtype(x, weight, bias, halo)
+    masks = _lag_masks(offsets, T, W, x.device, dt)
+    xpad = _padded(x, halo, W, dt)
+    w = weight.to(dt)
+    dpre = dy.to(dt)
+    if activation is not None:
+        pre = _pre_activation(xpad, w, bias, T, W, masks, dt)
+        s = torch.sigmoid(pre)
+        dpre = dpre * (s * (1 + pre * (1 - s)))
+        del pre, s
+    dxpad = torch.zeros_like(xpad)
+    dw_cols = []
+    for j in range(W):
+        m = masks[j] if masks is not None else None
+        g = dpre * m if m is not None else dpre
+        dxpad[:, W - 1 - j : W - 1 - j + T] += g * w[:, W - 1 - j]
+        prod = g * xpad[:, W - 1 - j : W - 1 - j + T]
+        dw_cols.append(ordered_token_sum(prod.reshape(B * T, D), deterministic))
+    # column W-1-j holds lag j
+    dweight = torch.stack(dw_cols[::-1], dim=1).to(weight.dtype)
+    dbias = None
+    if bias is not None:
+        dbias = ordered_token_sum(dpre.reshape(B * T, D), deterministic).to(bias.dtype)
+    dx = dxpad[:, W - 1 :].to(x.dtype)
+    dhalo = dxpad[:, : W - 1].to(halo.dtype) if halo is not None else None
+    return dx, dweight, dbias, dhalo
+
+
+class CausalConv1dFunction(torch.autograd.Function):
+    """Autograd over :func:`causal_conv1d_fwd` / :func:`causal_conv1d_bwd`.
+
+    ``apply(x, weight, bias, halo, activation, cu_seqlens, deterministic)``;
+    ``bias`` and ``halo`` may be ``None``.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, halo, activation, cu_seqlens, deterministic):
+        y = causal_conv1d_fwd(x, weight, bias, activation, cu_seqlens, halo)
+        ctx.save_for_backward(x, weight, bias, halo)
+        ctx.activation = activation
+        # validated host offsets: the backward does not sync on a device tensor again
+        ctx.cu_seqlens = None if cu_seqlens is None else host_offsets(cu_seqlens, 1, x.shape[1])
+        ctx.deterministic = deterministic
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, halo = ctx.saved_tensors
+        dx, dweight, dbias, dhalo = causal_conv1d_bwd(
+            x, weight, bias, dy.contiguous(), ctx.activation, ctx.cu_seqlens, halo,
+            deterministic=ctx.deterministic,
+        )
+        return dx, dweight, dbias, dhalo, None, None, None
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    activation: str | None = "silu",
+    cu_seqlens: torch.Tensor | list[int] | None = None,
+    halo: torch.Tensor | None = None,
+    *,
+    deterministic: bool = False,
+) -> torch.Tensor:
+    """Differentiable causal depthwise conv1d (see the module docstring).
+
+    Validates before anything runs; gradients flow to ``x``, ``weight``,
+    ``bias`` and ``halo``.
+    """
+    validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
+    return CausalConv1dFunction.apply(x, weight, bias, halo, activation, cu_seqlens,
+                                      deterministic)
