@@ -1,0 +1,489 @@
+"""KCP forward and backward: summaries, exchange, fold, local kernels.
+
+**Forward** of rank ``r`` (shard ``[start, stop)``, fragments from the plan):
+
+1. If its last fragment continues into a later rank, summarise that fragment:
+   ``(M, S_ext)`` (:func:`~gdn_core.kcp.summary.fragment_summary`; ``M`` only
+   when the fragment is a *pass-through* — it is the rank's only fragment and
+   it also continues from an earlier rank; otherwise the fragment starts from
+   zero and ``S_ext`` is its final state).
+2. Exchange and fold (:mod:`~gdn_core.kcp.fold`, fp32, fixed order) to get
+   ``S_in``, the true initial state of the first fragment when it continues
+   from an earlier rank. ``"allgather"``: every rank contributes one slot
+   ``[HV, K, K+V]`` (``[M | S_ext]``; identity and zeros when it has no
+   summary) and folds the slots of its fold chain — the document's start rank
+   seeds ``S = S_ext``, every pass-through rank after it applies
+   ``S ← M S + S_ext``. ``"ring"``: the same steps, carried rank to rank by
+   point-to-point sends (``[HV, K, V]`` per hop; every rank sends and
+   receives, ranks without tokens forward the carry unchanged). Both give the
+   same bits.
+3. Run the ordinary local forward (:func:`gdn_core.compose.chunk_gdn_fwd`)
+   on the shard's documents, with ``S_in`` as the first fragment's initial
+   state. A rank with no tokens launches nothing. With nothing continuing
+   (one rank) the call is exactly the single-rank one: bitwise equal.
+
+**Backward** (the mirror). ``D(r)``: the gradient w.r.t. the final state of
+rank ``r``'s last fragment, which is ``dS_in`` of the next rank holding that
+document. ``dS_in(r) = dS_loc(r) + Mᵀ D(r)`` for a pass-through rank, else
+``dS_loc(r)``, with ``dS_loc`` the first fragment's initial-state gradient at
+``D = 0``. So each rank
+
+1. computes ``dS_loc`` when its first fragment continues: from the local
+   backward itself when its last fragment does not continue (no extra work),
+   else by an extra backward over the first fragment only (for a pass-through
+   rank that is the whole shard: the cost of a second local backward);
+2. exchanges and folds from later ranks in fixed order (``"allgather"`` of
+   ``dS_loc`` slots, folding ``X ← Mᵀ X + dS_loc`` from the document's last
+   rank down, with the ``M`` slots gathered in forward; or the reverse ring);
+3. runs the local backward with ``dht = D(r)`` for its last fragment.
+
+Each rank's algorithm is a generator (see :mod:`~gdn_core.kcp.exchange`): the
+same code runs over a process group, in a world of one, and in a simulated
+world in one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
+from gdn_core.kcp.context import KCPContext
+from gdn_core.kcp.exchange import AllGather, RingPass, drive, drive_simulated
+from gdn_core.kcp.fold import fold_step
+from gdn_core.kcp.summary import fragment_summary, state_dtype
+from gdn_core.typed import ModeTyped, TypedSaved, TypedWorkspace, require_instance
+from gdn_core.validation import GDNShapes, validate_gdn_inputs
+
+__all__ = [
+    "EXCHANGES",
+    "KCPGradsBase",
+    "KCPSavedBase",
+    "KCPWorkspaceBase",
+    "kcp_backward",
+    "kcp_backward_simulated",
+    "kcp_forward",
+    "kcp_forward_simulated",
+]
+
+EXCHANGES = ("allgather", "ring")
+
+
+@dataclass(eq=False)
+class KCPSavedBase(TypedSaved):
+    """What a KCP backward needs from its forward (the packages type it per mode).
+
+    Attributes:
+        context: the rank's context; exchange: ``"allgather"`` or ``"ring"``.
+        backend: the local kernels' backend; shapes: the shard's sizes.
+        inner: the local :class:`~gdn_core.compose.GDNSaved` (``None`` for an
+            empty rank).
+        S_in: ``[HV,K,V]`` initial state of the first fragment (when it
+            continues from an earlier rank).
+        M: ``[HV,K,K]`` this rank's transition matrix (pass-through ranks).
+        gathered: the forward's all-gathered summaries ``[world,HV,K,K+V]``
+            (``"allgather"`` only; the backward folds with their ``M``).
+        input_meta: ``(shape, dtype)`` of q, k, v, g, beta.
+    """
+
+    context: KCPContext
+    exchange: str
+    backend: str
+    shapes: GDNShapes
+    inner: GDNSaved | None
+    S_in: torch.Tensor | None
+    M: torch.Tensor | None
+    gathered: torch.Tensor | None
+    input_meta: tuple
+    state_dtype: torch.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Where the forward's tensors live."""
+        return self.inner.device if self.inner is not None else self.context.device
+
+
+@dataclass(eq=False)
+class KCPGradsBase(ModeTyped):
+    """Gradients of one rank's shard: ``dq, dk: [1,T,H,K]``, ``dv: [1,T,HV,V]``,
+    ``dg, dbeta: [1,T,HV]`` in the inputs' dtypes."""
+
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dg: torch.Tensor
+    dbeta: torch.Tensor
+
+    def as_tuple(self) -> tuple[torch.Tensor, ...]:
+        return self.dq, self.dk, self.dv, self.dg, self.dbeta
+
+
+class KCPWorkspaceBase(TypedWorkspace):
+    """Reusable buffers of a KCP backward: the exchange buffers
+    (``gather [world,HV,K,V]``, ``carry [HV,K,V]``, in the state dtype) and
+    a cache of the local backward's workspace (triton backend; rebuilt when
+    the shard's layout changes). Sized by ``world_size, HV, K, V``, state
+    dtype and device, which must match the saved set exactly."""
+
+    def __init__(self, world_size: int, HV: int, K: int, V: int, *,
+                 device: torch.device | str, dtype: torch.dtype = torch.float32) -> None:
+        super().__init__(device, {}, {"world_size": world_size, "HV": HV, "K": K, "V": V,
+                                      "state_dtype": dtype})
+        self.gather = torch.empty(world_size, HV, K, V, dtype=dtype, device=self.device)
+        self.carry = torch.empty(HV, K, V, dtype=dtype, device=self.device)
+        self.inner: Any = None
+
+    @classmethod
+    def for_saved(cls, saved: KCPSavedBase):
+        """A workspace fitting ``saved`` (and every saved set of the same world and heads)."""
+        s = saved.shapes
+        return cls(saved.context.world_size, s.HV, s.K, s.V, device=saved.device,
+                   dtype=saved.state_dtype)
+
+    def check_saved(self, saved: KCPSavedBase, argname: str = "workspace") -> None:
+        s = saved.shapes
+        self.check_fits(saved.device, {}, {"world_size": saved.context.world_size, "HV": s.HV,
+                                           "K": s.K, "V": s.V, "state_dtype": saved.state_dtype},
+                        argname)
+
+
+# ------------------------------------------------------------------ forward --
+
+
+@dataclass
+class _FwdArgs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    ctx: KCPContext
+    shapes: GDNShapes
+    scale: float | None
+    l2: bool
+    exchange: str
+    backend: str
+    deterministic: bool
+    saved_cls: type
+
+
+def _prepare_forward(q, k, v, g, beta, ctx, *, scale, use_qk_l2norm_in_kernel, exchange,
+                     backend, deterministic, context_cls, saved_cls) -> _FwdArgs:
+    """Every check of a KCP forward: runs before any communication."""
+    ctx = require_instance(ctx, context_cls, "context")
+    if exchange not in EXCHANGES:
+        raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+    if isinstance(q, torch.Tensor) and q.dim() == 4 and q.shape[1] != ctx.num_tokens:
+        raise ValueError(
+            f"q holds {q.shape[1]} tokens, but rank {ctx.rank}'s shard of the plan holds "
+            f"{ctx.num_tokens} (tokens [{ctx.table.start}, {ctx.table.stop}) of the global "
+            f"sequence)"
+        )
+    shapes = validate_gdn_inputs(q, k, v, g, beta, scale=scale,
+                                 cu_seqlens=list(ctx.local_offsets), allow_float64=True)
+    if q.device != ctx.device and not (q.device.type == ctx.device.type == "cuda"
+                                       and ctx.device.index is None):
+        raise ValueError(f"the inputs are on {q.device}, but the context was built for "
+                         f"{ctx.device}")
+    chosen = resolve_backend(q.device, q.dtype, backend)
+    return _FwdArgs(q, k, v, g, beta, ctx, shapes, scale, bool(use_qk_l2norm_in_kernel),
+                    exchange, chosen, deterministic, saved_cls)
+
+
+def _forward_steps(a: _FwdArgs):
+    ctx, tab, s = a.ctx, a.ctx.table, a.shapes
+    HV, K, V = s.HV, s.K, s.V
+    sd = state_dtype(a.q.dtype)
+    dev = a.q.device
+
+    # 1. summary of the last fragment
+    M = E = None
+    if tab.last_continues:
+        M, E = fragment_summary(
+            a.k, a.v, a.g, a.beta, tab.last_start, tab.num_tokens, need_M=tab.passthrough,
+            backend=a.backend, use_qk_l2norm_in_kernel=a.l2,
+            index=ctx.last_index if a.backend == "triton" else None,
+        )
+
+    # 2. exchange and fold
+    gathered = None
+    S_in = None
+    if a.exchange == "allgather":
+        slot = torch.zeros(HV, K, K + V, dtype=sd, device=dev)
+        if M is not None:
+            slot[..., :K].copy_(M)
+        else:
+            slot[..., :K].copy_(torch.eye(K, dtype=sd, device=dev).expand(HV, K, K))
+        if E is not None:
+            slot[..., K:].copy_(E)
+        gathered = yield AllGather(slot)
+        if tab.first_continues:
+            chain = tab.fwd_chain
+            S = gathered[chain[0], :, :, K:]
+            for j in chain[1:]:
+                S = fold_step(gathered[j, :, :, :K], S, gathered[j, :, :, K:])
+            S_in = S.contiguous()
+    else:
+        def step(carry_in: torch.Tensor) -> torch.Tensor:
+            if tab.empty:
+                return carry_in
+            if not tab.last_continues:
+                return torch.zeros_like(carry_in)
+            if tab.passthrough:
+                return fold_step(M, carry_in, E)
+            return E
+
+        carry = yield RingPass(torch.zeros(HV, K, V, dtype=sd, device=dev), step)
+        if tab.first_continues:
+            S_in = carry
+
+    # 3. local forward
+    inner = None
+    if tab.empty:
+        o = a.v.new_empty(1, 0, HV, V)
+    else:
+        h0 = None
+        if tab.first_continues:
+            h0 = torch.zeros(tab.num_fragments, HV, K, V, dtype=sd, device=dev)
+            h0[0].copy_(S_in)
+        o, _, inner = chunk_gdn_fwd(
+            a.q, a.k, a.v, a.g, a.beta, scale=a.scale, initial_state=h0,
+            cu_seqlens=list(tab.local_offsets), use_qk_l2norm_in_kernel=a.l2,
+            deterministic=a.deterministic, backend=a.backend,
+            index=ctx.index if a.backend == "triton" else None,
+        )
+    meta = tuple((tuple(x.shape), x.dtype) for x in (a.q, a.k, a.v, a.g, a.beta))
+    saved = a.saved_cls(
+        context=ctx, exchange=a.exchange, backend=a.backend, shapes=s, inner=inner,
+        S_in=S_in, M=M if a.exchange == "ring" else None,
+        gathered=gathered if a.exchange == "allgather" else None,
+        input_meta=meta, state_dtype=sd,
+    )
+    return o, saved
+
+
+def kcp_forward(q, k, v, g, beta, context, *, deterministic: bool, context_cls: type,
+                saved_cls: type, scale=None, use_qk_l2norm_in_kernel=False,
+                exchange="allgather", backend=None):
+    """One rank's KCP forward over its context's process group → ``(o, saved)``."""
+    a = _prepare_forward(q, k, v, g, beta, context, scale=scale,
+                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,
+                         backend=backend, deterministic=deterministic,
+                         context_cls=context_cls, saved_cls=saved_cls)
+    executor = a.ctx.executor()
+    return drive(_forward_steps(a), executor)
+
+
+def _check_world(contexts, context_cls) -> list:
+    if not isinstance(contexts, (list, tuple)) or not contexts:
+        raise ValueError("contexts must be a non-empty list of one context per rank")
+    contexts = [require_instance(c, context_cls, f"contexts[{i}]")
+                for i, c in enumerate(contexts)]
+    plan = contexts[0].plan
+    for r, c in enumerate(contexts):
+        if c.plan.digest() != plan.digest() or c.rank != r or not c.simulated:
+            raise ValueError(
+                f"contexts[{r}] must be rank {r}'s simulated context of one plan "
+                f"(got rank {c.rank}, simulated={c.simulated})"
+            )
+    if len(contexts) != plan.world_size:
+        raise ValueError(f"the plan has {plan.world_size} ranks, got {len(contexts)} contexts")
+    return contexts
+
+
+def _per_rank(name: str, xs, n: int) -> list:
+    if not isinstance(xs, (list, tuple)) or len(xs) != n:
+        raise ValueError(f"{name} must be a list of {n} tensors (one per rank)")
+    return list(xs)
+
+
+def kcp_forward_simulated(qs, ks, vs, gs, betas, contexts, *, deterministic: bool,
+                          context_cls: type, saved_cls: type, scale=None,
+                          use_qk_l2norm_in_kernel=False, exchange="allgather", backend=None):
+    """Every rank's KCP forward of a simulated world → ``([o], [saved])``."""
+    contexts = _check_world(contexts, context_cls)
+    W = len(contexts)
+    ins = [_per_rank(n, x, W) for n, x in
+           (("qs", qs), ("ks", ks), ("vs", vs), ("gs", gs), ("betas", betas))]
+    args = [
+        _prepare_forward(*(x[r] for x in ins), contexts[r], scale=scale,
+                         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,
+                         backend=backend, deterministic=deterministic,
+                         context_cls=context_cls, saved_cls=saved_cls)
+        for r in range(W)
+    ]
+    out = drive_simulated([_forward_steps(a) for a in args])
+    return [o for o, _ in out], [s for _, s in out]
+
+
+# ----------------------------------------------------------------- backward --
+
+
+@dataclass
+class _BwdArgs:
+    saved: KCPSavedBase
+    do: torch.Tensor
+    workspace: KCPWorkspaceBase | None
+    deterministic: bool
+    grads_cls: type
+
+
+def _prepare_backward(saved, do, workspace, *, deterministic, saved_cls, workspace_cls,
+                      grads_cls) -> _BwdArgs:
+    """Every check of a KCP backward: runs before any communication."""
+    saved = require_instance(saved, saved_cls, "saved")
+    if workspace is not None:
+        workspace = require_instance(workspace, workspace_cls, "workspace")
+        workspace.check_saved(saved)
+    s = saved.shapes
+    if not isinstance(do, torch.Tensor):
+        raise TypeError(f"do must be a torch.Tensor, got {type(do).__name__}")
+    want = (1, saved.context.num_tokens, s.HV, s.V)
+    if tuple(do.shape) != want:
+        raise ValueError(f"do must have shape {want} (this rank's output), got "
+                         f"{tuple(do.shape)}")
+    if do.device != saved.device:
+        raise ValueError(f"do is on {do.device}, the forward ran on {saved.device}")
+    return _BwdArgs(saved, do, workspace, deterministic, grads_cls)
+
+
+def _first_fragment_dh0(inner: GDNSaved, do: torch.Tensor, L1: int, S_in: torch.Tensor,
+                        index, deterministic: bool) -> torch.Tensor:
+    """Initial-state gradient of the first fragment alone, with a zero final-state gradient."""
+    s = inner.shapes
+    if inner.backend == "reference":
+        def cut(x):
+            return None if x is None else x[:, :L1]
+    else:
+        def cut(x):
+            return None if x is None else x[:L1]
+    sub = dataclasses.replace(
+        inner,
+        shapes=GDNShapes(B=1, T=L1, H=s.H, HV=s.HV, K=s.K, V=s.V, offsets=(0, L1)),
+        q=cut(inner.q), k=cut(inner.k), v=cut(inner.v), g=cut(inner.g), beta=cut(inner.beta),
+        G=cut(inner.G), q_rstd=cut(inner.q_rstd), k_rstd=cut(inner.k_rstd),
+        initial_state=S_in[None], index=index if inner.backend == "triton" else None,
+    )
+    grads = chunk_gdn_bwd(sub, do[:, :L1], None, deterministic=deterministic)
+    return grads.dh0[0]
+
+
+def _inner_workspace(ws: KCPWorkspaceBase | None, inner: GDNSaved, deterministic: bool):
+    """The local backward's workspace (triton backend), cached in the KCP workspace."""
+    if ws is None or inner.backend != "triton":
+        return None
+    from gdn_core.ops.backward import BackwardWorkspace
+
+    s, idx = inner.shapes, inner.index
+    want = dict(deterministic=deterministic, T=s.B * s.T, H=s.H, HV=s.HV, K=s.K, V=s.V,
+                num_chunks=idx.num_chunks, num_docs=idx.num_docs, dtype=inner.v.dtype,
+                device=inner.v.device)
+    cur = ws.inner
+    if cur is not None:
+        try:
+            cur.check(**want)
+            return cur
+        except ValueError:
+            pass
+    ws.inner = BackwardWorkspace.for_shapes(
+        want["T"], s.H, s.HV, s.K, s.V, idx.num_chunks, idx.num_docs, inner.v.dtype,
+        inner.v.device, deterministic=deterministic)
+    return ws.inner
+
+
+def _local_backward(a: _BwdArgs, dht_last: torch.Tensor | None):
+    saved, tab = a.saved, a.saved.context.table
+    inner = saved.inner
+    dht = None
+    if dht_last is not None:
+        s = saved.shapes
+        dht = torch.zeros(tab.num_fragments, s.HV, s.K, s.V, dtype=saved.state_dtype,
+                          device=dht_last.device)
+        dht[-1].copy_(dht_last)
+    return chunk_gdn_bwd(inner, a.do, dht, deterministic=a.deterministic,
+                         workspace=_inner_workspace(a.workspace, inner, a.deterministic))
+
+
+def _backward_steps(a: _BwdArgs):
+    saved = a.saved
+    tab = saved.context.table
+    s = saved.shapes
+    HV, K, V = s.HV, s.K, s.V
+    sd = saved.state_dtype
+    dev = a.do.device
+    ws = a.workspace
+
+    # 1. dS_loc of the first fragment
+    local: GDNGrads | None = None
+    d_loc = None
+    if tab.first_continues:
+        if not tab.last_continues:
+            local = _local_backward(a, None)
+            d_loc = local.dh0[0]
+        else:
+            d_loc = _first_fragment_dh0(saved.inner, a.do, tab.first_length, saved.S_in,
+                                        saved.context.first_index, a.deterministic)
+
+    # 2. exchange and fold from later ranks
+    D = None
+    if saved.exchange == "allgather":
+        slot = torch.zeros(HV, K, V, dtype=sd, device=dev) if d_loc is None else d_loc
+        got = yield AllGather(slot.to(sd).contiguous(), ws.gather if ws is not None else None)
+        if tab.last_continues:
+            chain = tab.bwd_chain
+            X = got[chain[-1]]
+            for j in reversed(chain[:-1]):
+                X = fold_step(saved.gathered[j, :, :, :K], X, got[j], transpose=True)
+            D = X
+    else:
+        def step(carry_in: torch.Tensor) -> torch.Tensor:
+            if tab.empty:
+                return carry_in
+            if not tab.first_continues:
+                return torch.zeros_like(carry_in)
+            if tab.passthrough:
+                return fold_step(saved.M, carry_in, d_loc.to(sd), transpose=True)
+            return d_loc.to(sd)
+
+        carry = ws.carry.zero_() if ws is not None else torch.zeros(HV, K, V, dtype=sd,
+                                                                      device=dev)
+        got = yield RingPass(carry, step, reverse=True)
+        if tab.last_continues:
+            D = got
+
+    # 3. local backward
+    if tab.empty:
+        zeros = [torch.zeros(shape, dtype=dt, device=dev) for shape, dt in saved.input_meta]
+        return a.grads_cls(*zeros)
+    if local is None:
+        local = _local_backward(a, D)
+    return a.grads_cls(local.dq, local.dk, local.dv, local.dg, local.dbeta)
+
+
+def kcp_backward(saved, do, workspace=None, *, deterministic: bool, saved_cls: type,
+                 workspace_cls: type, grads_cls: type):
+    """One rank's KCP backward over its context's process group → ``grads_cls``."""
+    a = _prepare_backward(saved, do, workspace, deterministic=deterministic,
+                          saved_cls=saved_cls, workspace_cls=workspace_cls,
+                          grads_cls=grads_cls)
+    return drive(_backward_steps(a), a.saved.context.executor())
+
+
+def kcp_backward_simulated(saveds, dos, workspaces=None, *, deterministic: bool,
+                           saved_cls: type, workspace_cls: type, grads_cls: type):
+    """Every rank's KCP backward of a simulated world → ``[grads]``."""
+    if not isinstance(saveds, (list, tuple)) or not saveds:
+        raise ValueError("saveds must be a non-empty list of one saved set per rank")
+    W = len(saveds)
+    dos = _per_rank("dos", dos, W)
+    if workspaces is None:
+        workspaces = [None] * W
+    workspaces = _per_rank("workspaces", workspaces, W)
+    args = [_prepare_backward(saveds[r], dos[r], workspaces[r], deterministic=deterministic,
+                              saved_cls=saved_cls, workspace_cls=workspace_cls,
+                              grads_cls=grads_cls) for r in range(W)]
+    _check_world([a.saved.context for a in args], type(args[0].saved.context))
+    return drive_simulated([_backward_steps(a) for a in args])

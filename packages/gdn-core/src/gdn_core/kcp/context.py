@@ -1,0 +1,271 @@
+"""Rank-local contexts: a plan turned into what one rank's kernels and exchanges need.
+
+A :class:`KCPContext` holds the host-side tables of its rank (the
+:class:`~gdn_core.kcp.plan.RankTable`, conv halo tables) and their device
+copies (local ``cu_seqlens``, chunk indices), so that neither forward nor
+backward reads a device tensor on the host. It also fixes the executor of the
+exchanges: a ``torch.distributed`` process group, the world of one rank, or a
+*simulated* world (all ranks in this process, see
+:func:`gdn_core.kcp.exchange.drive_simulated`).
+
+The training packages subclass :class:`KCPContext` per mode
+(``deterministic``) and build it with :func:`build_context` /
+:func:`build_simulated_contexts`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.kcp.exchange import LocalExchange, ProcessGroupExchange
+from gdn_core.kcp.plan import KCPPlan, RankTable
+from gdn_core.typed import ModeTyped, require_instance
+
+__all__ = ["ConvHalo", "KCPContext", "build_context", "build_simulated_contexts"]
+
+
+@dataclass(frozen=True)
+class ConvHalo:
+    """Halo tables of a causal conv1d of width ``kernel_size`` for one rank.
+
+    Every rank sends its *tail* (its last ``h = kernel_size - 1`` tokens,
+    zero-padded in front when it holds fewer) in an all-gather
+    ``[world, h, D]``; flattened with one zero row appended
+    (``[world·h + 1, D]``), ``src[j]`` is the row holding the ``j``-th halo
+    token (the ``h`` tokens before this shard; the zero row where they lie
+    before the document's start, or when the first fragment does not
+    continue). In backward, ``inv[p]`` (``[world·h]``) is the halo position
+    whose gradient goes to gathered row ``p`` (``h``: none — a zero row of the
+    gradient extended by one). ``valid``: how many halo tokens are real.
+    """
+
+    kernel_size: int
+    valid: int
+    src: tuple[int, ...]
+    inv: tuple[int, ...]
+    src_t: torch.Tensor
+    inv_t: torch.Tensor
+
+    @property
+    def width(self) -> int:
+        return self.kernel_size - 1
+
+
+def _conv_halo(plan: KCPPlan, table: RankTable, kernel_size: int, device) -> ConvHalo:
+    h = kernel_size - 1
+    W = plan.world_size
+    dummy = W * h
+    src = [dummy] * h
+    valid = 0
+    if table.first_continues and h > 0:
+        first = plan.fragments(table.rank)[0]
+        valid = min(h, first.offset_in_doc)
+        gstart = table.start
+        for j in range(h - valid, h):
+            p = gstart - h + j  # global position of halo token j
+            s = _owner(plan, p)
+            stop_s = plan.cuts[s + 1]
+            src[j] = s * h + (h - (stop_s - p))
+    inv = [h] * (W * h)
+    for j, p in enumerate(src):
+        if p != dummy:
+            inv[p] = j
+
+    def dev(x):
+        return torch.tensor(x, dtype=torch.int64).to(device)
+
+    return ConvHalo(kernel_size, valid, tuple(src), tuple(inv), dev(src), dev(inv))
+
+
+def _owner(plan: KCPPlan, p: int) -> int:
+    """The rank holding global token ``p`` (the non-empty shard containing it)."""
+    for s in range(plan.world_size):
+        if plan.cuts[s] <= p < plan.cuts[s + 1]:
+            return s
+    raise ValueError(f"token {p} lies outside the plan")  # pragma: no cover
+
+
+@dataclass(eq=False)
+class KCPContext(ModeTyped):
+    """One rank's view of a plan (see the module docstring).
+
+    Attributes:
+        plan: the :class:`KCPPlan`; rank, world_size: this rank in it.
+        table: host-side exchange metadata (:class:`RankTable`).
+        device: where this rank's tensors live.
+        group: the process group (``None`` for one rank or a simulated world).
+        simulated: part of a simulated world (use the ``*_simulated`` calls).
+        cu_seqlens: local document offsets, int32 on ``device`` (``[0, 0]``
+            for an empty rank).
+        index / first_index / last_index: chunk tables of the shard, of its
+            first fragment alone and of its last fragment alone (``None`` for
+            an empty rank).
+    """
+
+    plan: KCPPlan
+    rank: int
+    table: RankTable
+    device: torch.device
+    group: Any = None
+    simulated: bool = False
+    cu_seqlens: torch.Tensor | None = None
+    index: ChunkIndex | None = None
+    first_index: ChunkIndex | None = None
+    last_index: ChunkIndex | None = None
+    _halos: dict[int, ConvHalo] = field(default_factory=dict, repr=False)
+
+    @property
+    def world_size(self) -> int:
+        return self.plan.world_size
+
+    @property
+    def num_tokens(self) -> int:
+        return self.table.num_tokens
+
+    @property
+    def local_offsets(self) -> tuple[int, ...]:
+        """Host ``cu_seqlens`` of the shard (``(0, 0)`` for an empty rank)."""
+        offs = self.table.local_offsets
+        return offs if len(offs) > 1 else (0, 0)
+
+    def token_range(self) -> tuple[int, int]:
+        return self.table.start, self.table.stop
+
+    def conv_halo(self, kernel_size: int) -> ConvHalo:
+        """Halo tables for a conv of width ``kernel_size`` (built once, then cached)."""
+        if kernel_size not in self._halos:
+            self._halos[kernel_size] = _conv_halo(self.plan, self.table, kernel_size, self.device)
+        return self._halos[kernel_size]
+
+    def executor(self):
+        """The executor of this rank's exchanges (not for a simulated world)."""
+        if self.simulated:
+            raise ValueError(
+                "this context belongs to a simulated world: run all its ranks together with "
+                "the *_simulated functions"
+            )
+        if self.world_size == 1:
+            return LocalExchange()
+        return ProcessGroupExchange(self.group, self.rank, self.world_size)
+
+    def __repr__(self) -> str:
+        t = self.table
+        return (f"{type(self).__qualname__}(rank={self.rank}/{self.world_size}, "
+                f"tokens=[{t.start}, {t.stop}), fragments={t.num_fragments}, "
+                f"first_continues={t.first_continues}, last_continues={t.last_continues}, "
+                f"device={self.device}, simulated={self.simulated})")
+
+
+def _device(device, group) -> torch.device:
+    if device is not None:
+        device = torch.device(device)
+        if device.type == "cuda" and device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+        return device
+    if group is not None:
+        import torch.distributed as dist
+
+        if "nccl" in str(dist.get_backend(group)).lower() and torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def _make(plan, rank, device, group, simulated, conv_kernel_size, context_cls) -> KCPContext:
+    table = plan.rank_table(rank)
+    index = first_index = last_index = None
+    offs = table.local_offsets if table.num_fragments else (0, 0)
+    if table.num_fragments:
+        index = ChunkIndex.build(list(offs), device)
+        first_index = ChunkIndex.build([0, table.first_length], device)
+        last_index = ChunkIndex.build([0, table.num_tokens - table.last_start], device)
+    ctx = context_cls(
+        plan=plan, rank=rank, table=table, device=device, group=group, simulated=simulated,
+        cu_seqlens=torch.tensor(offs, dtype=torch.int32).to(device),
+        index=index, first_index=first_index, last_index=last_index,
+    )
+    if conv_kernel_size is not None:
+        if isinstance(conv_kernel_size, bool) or not isinstance(conv_kernel_size, int) \
+                or conv_kernel_size < 1:
+            raise ValueError(f"conv_kernel_size must be an int >= 1, got {conv_kernel_size!r}")
+        ctx.conv_halo(conv_kernel_size)
+    return ctx
+
+
+def _check_digests(plan: KCPPlan, group, rank: int, device: torch.device) -> None:
+    import torch.distributed as dist
+
+    size = dist.get_world_size(group)
+    if size != plan.world_size:
+        raise ValueError(
+            f"the process group has {size} ranks but the plan was made for "
+            f"world_size={plan.world_size}"
+        )
+    me = dist.get_rank(group)
+    if me != rank:
+        raise ValueError(f"rank={rank} was given, but this process is rank {me} of the group")
+    mine = torch.tensor(plan.digest_words(), dtype=torch.int64, device=device)
+    got = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(got, mine, group=group)
+    bad = [r for r, t in enumerate(got) if not torch.equal(t.cpu(), mine.cpu())]
+    if bad:
+        raise ValueError(
+            f"plan digest mismatch across the group: rank {rank} holds {plan.digest()[:16]}…, "
+            f"ranks {bad} hold another plan (every rank must build the same plan from the "
+            f"same cu_seqlens, world_size, chunk_size and boundary)"
+        )
+
+
+def build_context(
+    plan: KCPPlan,
+    rank: int,
+    *,
+    group: Any = None,
+    device: torch.device | str | None = None,
+    conv_kernel_size: int | None = None,
+    plan_cls: type[KCPPlan] = KCPPlan,
+    context_cls: type[KCPContext] = KCPContext,
+) -> KCPContext:
+    """Rank ``rank``'s context of ``plan``.
+
+    ``group``: a ``torch.distributed`` process group; ``None`` means the
+    default group when ``plan.world_size > 1`` (it must be initialised) and no
+    communication at all for a world of one. With a group, the plan digests
+    of all ranks are all-gathered and compared (``ValueError`` on mismatch, on
+    every rank). ``device``: where the rank's tensors live (default: the
+    current CUDA device for an NCCL group, else the CPU).
+    """
+    plan = require_instance(plan, plan_cls, "plan")
+    plan._check_rank(rank)
+    if plan.world_size > 1 and group is None:
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()):
+            raise ValueError(
+                f"a plan for world_size={plan.world_size} needs a torch.distributed process "
+                f"group (initialise one, or pass group=...); to run all ranks in one process "
+                f"use the simulated contexts"
+            )
+        group = dist.group.WORLD
+    dev = _device(device, group)
+    if group is not None:
+        _check_digests(plan, group, rank, dev)
+    return _make(plan, rank, dev, group, False, conv_kernel_size, context_cls)
+
+
+def build_simulated_contexts(
+    plan: KCPPlan,
+    *,
+    device: torch.device | str | None = None,
+    conv_kernel_size: int | None = None,
+    plan_cls: type[KCPPlan] = KCPPlan,
+    context_cls: type[KCPContext] = KCPContext,
+) -> list[KCPContext]:
+    """The contexts of every rank of ``plan`` for a simulated world in this process."""
+    plan = require_instance(plan, plan_cls, "plan")
+    dev = _device(device, None)
+    return [_make(plan, r, dev, None, True, conv_kernel_size, context_cls)
+            for r in range(plan.world_size)]

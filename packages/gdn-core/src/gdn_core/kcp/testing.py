@@ -1,0 +1,102 @@
+"""Run a function on every rank of a gloo world of fresh processes (for tests).
+
+:func:`run_gloo_world` starts ``world_size`` Python processes, each of which
+initialises a gloo process group (file store), loads a worker file by path,
+calls ``function(rank, world_size, payload)`` and saves what it returns; the
+parent collects the results in rank order. A failing rank's traceback is
+raised in the parent. Batch several checks into one call: each process pays
+the interpreter and ``torch`` start-up (a few seconds on a small CPU).
+
+Workers run with ``OMP_NUM_THREADS=1`` and, unless the caller overrides it,
+``GDN_CORE_BACKEND=reference`` with ``TRITON_INTERPRET`` unset, so that they
+use the fp32 reference on CPU whatever the parent's test environment is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = ["run_gloo_world"]
+
+
+def run_gloo_world(
+    world_size: int,
+    worker_file: str | os.PathLike,
+    function: str,
+    payload: Any = None,
+    *,
+    timeout: float = 240.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``function(rank, world_size, payload)`` of ``worker_file`` on a gloo world.
+
+    Returns the per-rank results (anything ``torch.save`` handles). Raises
+    ``RuntimeError`` with the failing ranks' output.
+    """
+    worker_file = str(Path(worker_file).resolve())
+    child_env = dict(os.environ)
+    child_env.pop("TRITON_INTERPRET", None)
+    child_env["GDN_CORE_BACKEND"] = "reference"
+    child_env["OMP_NUM_THREADS"] = "1"
+    # the children find the same packages as this process, installed or not
+    child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    child_env.update(env or {})
+    with tempfile.TemporaryDirectory(prefix="gdn-kcp-") as tmp:
+        torch.save(payload, os.path.join(tmp, "payload.pt"))
+        procs = []
+        for rank in range(world_size):
+            cmd = [sys.executable, "-m", "gdn_core.kcp.testing", worker_file, function,
+                   str(rank), str(world_size), tmp]
+            procs.append(subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True))
+        outputs, failed = [], []
+        for rank, p in enumerate(procs):
+            try:
+                out, _ = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                for q in procs:
+                    if q.poll() is None:
+                        q.kill()
+                out, _ = p.communicate()
+                out = f"(timed out after {timeout}s)\n{out}"
+                p.returncode = -1
+            outputs.append(out)
+            if p.returncode != 0:
+                failed.append(rank)
+        if failed:
+            text = "\n".join(f"----- rank {r} (exit {procs[r].returncode}) -----\n{outputs[r]}"
+                             for r in failed)
+            raise RuntimeError(f"gloo world of {world_size}: ranks {failed} failed\n{text}")
+        return [torch.load(os.path.join(tmp, f"result{r}.pt"), weights_only=False)
+                for r in range(world_size)]
+
+
+def _child(argv: list[str]) -> None:
+    worker_file, function, rank, world_size, tmp = argv
+    rank, world_size = int(rank), int(world_size)
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}",
+                            rank=rank, world_size=world_size)
+    try:
+        # the worker is a test file given by path, not a module of this repository
+        spec = importlib.util.spec_from_file_location(f"_gdn_kcp_worker_{rank}", worker_file)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        payload = torch.load(os.path.join(tmp, "payload.pt"), weights_only=False)
+        result = getattr(module, function)(rank, world_size, payload)
+        torch.save(result, os.path.join(tmp, f"result{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1:])
