@@ -1,0 +1,115 @@
+"""Partition plans and rank contexts of the (non-deterministic) KCP package.
+
+Thin, mode-typed wrappers over :mod:`gdn_core.kcp.plan` and
+:mod:`gdn_core.kcp.context` (the shared logic lives there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from gdn_core.chunking import CHUNK_SIZE
+from gdn_core.kcp.context import KCPContext as CoreKCPContext
+from gdn_core.kcp.context import build_context, build_simulated_contexts
+from gdn_core.kcp.plan import DEFAULT_DOC_SLACK, Fragment, RankTable, partition
+from gdn_core.kcp.plan import KCPPlan as CoreKCPPlan
+
+__all__ = [
+    "KCPContext",
+    "KCPPlan",
+    "Fragment",
+    "RankTable",
+    "build_context_kcp",
+    "build_simulated_contexts_kcp",
+    "partition_kcp",
+]
+
+
+class KCPPlan(CoreKCPPlan):
+    """A partition of a packed sequence over the ranks (non-deterministic package).
+
+    ``token_range(rank)`` → ``(start, stop)``; ``fragments(rank)`` → the
+    :class:`~gdn_core.kcp.plan.Fragment` s the rank holds (document, global and
+    local offsets, ``prev_rank``/``next_rank`` and ``continues_from``/
+    ``continues_into``); ``local_offsets(rank)``; ``rank_table(rank)`` (the
+    exchange metadata); ``digest()``.
+    """
+
+    deterministic = False
+
+
+class KCPContext(CoreKCPContext):
+    """One rank's context of a :class:`KCPPlan` (:func:`build_context_kcp`).
+
+    Host tables (``table``: :class:`~gdn_core.kcp.plan.RankTable`, conv halo
+    tables) and their device copies (``cu_seqlens``, chunk indices), the
+    process group and the device.
+    """
+
+    deterministic = False
+
+
+def partition_kcp(
+    cu_seqlens: torch.Tensor | list[int],
+    world_size: int,
+    *,
+    chunk_size: int = CHUNK_SIZE,
+    boundary: str = "chunk",
+    segment_size: int | None = None,
+    doc_slack: float = DEFAULT_DOC_SLACK,
+) -> KCPPlan:
+    """Cut the packed sequence over ``world_size`` ranks → :class:`KCPPlan`.
+
+    Pure CPU and deterministic; ``cu_seqlens`` a list or 1-D int tensor of the
+    global packed sequence. ``boundary``:
+
+    * ``"even"`` — balanced token counts (loads differ by at most one token);
+    * ``"chunk"`` (default) — every cut on a chunk boundary of the document it
+      splits (each fragment keeps the single-rank chunk grid), within
+      ``chunk_size/2`` of the balanced position;
+    * ``"doc"`` — cut at document boundaries; split a document (on a chunk
+      boundary) only when no boundary lies within ``doc_slack·T/world_size`` of
+      the balanced position;
+    * ``"segment"`` — cut only at document starts or on ``segment_size``
+      boundaries of a document (default 1024 tokens).
+
+    Any ``world_size >= 1`` and any total length work; ranks may get no token.
+    """
+    return partition(cu_seqlens, world_size, chunk_size=chunk_size, boundary=boundary,
+                     segment_size=segment_size, doc_slack=doc_slack, plan_cls=KCPPlan)
+
+
+def build_context_kcp(
+    plan: KCPPlan,
+    rank: int,
+    *,
+    group: Any = None,
+    device: torch.device | str | None = None,
+    conv_kernel_size: int | None = None,
+) -> KCPContext:
+    """Rank ``rank``'s :class:`KCPContext` of ``plan``.
+
+    ``group``: the ``torch.distributed`` process group (``None``: the default
+    group when ``world_size > 1``; no communication at all for one rank).
+    With a group, every rank's plan digest is all-gathered and compared: a
+    mismatch raises ``ValueError`` on every rank (so call it on all ranks).
+    ``device``: where this rank's tensors live (default: the current CUDA
+    device with NCCL, else the CPU). ``conv_kernel_size`` prebuilds the conv
+    halo tables (else built at the first conv call).
+    """
+    return build_context(plan, rank, group=group, device=device,
+                         conv_kernel_size=conv_kernel_size, plan_cls=KCPPlan,
+                         context_cls=KCPContext)
+
+
+def build_simulated_contexts_kcp(
+    plan: KCPPlan,
+    *,
+    device: torch.device | str | None = None,
+    conv_kernel_size: int | None = None,
+) -> list[KCPContext]:
+    """The contexts of *all* ranks of ``plan`` for a simulated world in one process
+    (no process group): run them with the ``*_simulated`` functions."""
+    return build_simulated_contexts(plan, device=device, conv_kernel_size=conv_kernel_size,
+                                    plan_cls=KCPPlan, context_cls=KCPContext)

@@ -1,0 +1,26 @@
+"""gdn-train-kcp tests: CPU runs use the fp32 reference backend.
+
+When the repository's packages are not installed (a plain checkout), their
+``src`` directories are put on ``sys.path`` (and so reach the gloo worker
+processes too).
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+_PACKAGES = Path(__file__).resolve().parents[2]
+for _name, _dir in (("gdn_core", "gdn-core"), ("gdn_train_kcp", "gdn-train-kcp")):
+    if importlib.util.find_spec(_name) is None:
+        sys.path.insert(0, str(_PACKAGES / _dir / "src"))
+
+
+@pytest.fixture(autouse=True)
+def _cpu_reference_backend(monkeypatch):
+    """Without a GPU, run the reference backend (not Triton's interpreter)."""
+    if not torch.cuda.is_available():
+        monkeypatch.setenv("GDN_CORE_BACKEND", "reference")
+    yield
