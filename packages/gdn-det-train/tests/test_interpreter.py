@@ -46,9 +46,9 @@ _SCRIPT = textwrap.dedent(
     ws = DetWorkspace.for_shapes(T=T, H=H, HV=HV, K=K, V=V, num_docs=3, device="cpu",
                                  dtype=torch.float32)
 
-    def run(fn, **kw):
-        xs = [t.clone().requires_grad_() for t in (q, k, v, g, beta, h0, A_log, dt_bias)]
-        o, ht = fn(*xs, **kw)
+    def run(fn, scale=1.0):
+        xs = [(t * scale).requires_grad_() for t in (q, k, v, g, beta, h0, A_log, dt_bias)]
+        o, ht = fn(*xs)
         ((o * do).sum() + (ht * dht).sum()).backward()
         return [o.detach(), ht.detach()] + [x.grad for x in xs]
 
@@ -64,9 +64,14 @@ _SCRIPT = textwrap.dedent(
                                    output_final_state=True, cu_seqlens=cu,
                                    use_qk_l2norm_in_kernel=True)
 
-    got, again, ref = run(kernel), run(kernel), run(oracle)
+    got = run(kernel)
+    snapshot = [t.clone() for t in got]
+    run(kernel, scale=0.5)  # another step through the same workspace
+    unchanged = all(torch.equal(a, b) for a, b in zip(got, snapshot))
+    again, ref = run(kernel), run(oracle)
     names = ["o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0", "dA_log", "ddt_bias"]
     print(json.dumps({
+        "unchanged": unchanged,
         "rel": {n: ((a - b).norm() / b.norm()).item() for n, a, b in zip(names, got, ref)},
         "equal": all(torch.equal(a, b) for a, b in zip(got, again)),
     }))
@@ -79,6 +84,7 @@ def test_triton_interpreter_matches_reference():
     if missing:
         pytest.skip(f"Triton kernels not available yet: {missing}")
     (result,) = run_script(_SCRIPT, timeout=900, TRITON_INTERPRET="1")
+    assert result["unchanged"], "a later step through the workspace changed earlier gradients"
     bad = {n: e for n, e in result["rel"].items() if not e < 1e-4}
     assert not bad, f"relative errors above 1e-4: {bad}"
     assert result["equal"], "two interpreter runs gave different bits"

@@ -180,8 +180,9 @@ class TrainWorkspace(TypedWorkspace):
             backend = resolve_backend(self.device, dtype)
         except (TypeError, ValueError):
             backend = "reference"
-        if backend == "triton" and self.device.type == "cuda":
+        if backend == "triton":
             self.core = self._make_core()
+            self._core_backend_checked = True
 
     @classmethod
     def for_shapes(cls, *, T: int, H: int, K: int, V: int, HV: int | None = None, B: int = 1,
@@ -203,8 +204,15 @@ class TrainWorkspace(TypedWorkspace):
                               device=q.device, dtype=q.dtype)
 
     def check_shapes(self, shapes: GDNShapes, device: torch.device,
+                     dtype: torch.dtype | None = None, backend: str | None = None,
                      argname: str = "workspace") -> None:
-        """Raise ``ValueError`` unless this workspace serves ``shapes`` on ``device``."""
+        """Raise ``ValueError`` unless this workspace serves ``shapes`` on ``device``
+        (and, on the triton backend, inputs of ``dtype``: the kernels' buffers are typed)."""
+        if backend == "triton" and dtype is not None and dtype != self.dtype:
+            raise ValueError(
+                f"{argname} does not fit: {type(self).__qualname__} was sized for "
+                f"dtype={self.dtype}, the inputs are {dtype}"
+            )
         self.check_fits(
             device,
             {"tokens": shapes.B * shapes.T,
@@ -298,10 +306,10 @@ def gated_gdn_fwd(
         validate_gate_params(g, A_log, dt_bias, shapes.HV)
     elif A_log is not None or dt_bias is not None:
         raise ValueError("A_log and dt_bias are used only with use_gate_in_kernel=True")
-    if workspace is not None:
-        workspace.check_shapes(shapes, v.device)
     # resolve the backend now so a bad device/dtype combination fails before the gate runs
     chosen = resolve_backend(q.device, q.dtype, backend)
+    if workspace is not None:
+        workspace.check_shapes(shapes, v.device, q.dtype, chosen)
     offsets = list(shapes.offsets) if cu_seqlens is not None else None
     gate = None
     g_used = g
@@ -332,7 +340,7 @@ def gated_gdn_bwd(
     input when ``gate`` is given (``dA_log``/``ddt_bias`` ``None`` otherwise).
     """
     if workspace is not None:
-        workspace.check_shapes(core.shapes, core.device)
+        workspace.check_shapes(core.shapes, core.device, core.k.dtype, core.backend)
     core_ws = workspace.core_for(core) if workspace is not None else None
     grads = chunk_gdn_bwd(core, do, dht, deterministic=deterministic, workspace=core_ws)
     if gate is None:
@@ -472,6 +480,7 @@ def chunk_gdn_autograd(
         backend=backend, workspace=workspace,
     )
     if workspace is not None:
-        workspace.check_shapes(shapes, v.device)
+        workspace.check_shapes(shapes, v.device, q.dtype, resolve_backend(q.device, q.dtype,
+                                                                          backend))
     o, final = ChunkGDNFunction.apply(opts, q, k, v, g, beta, initial_state, A_log, dt_bias)
     return o, (final if output_final_state else None)

@@ -11,10 +11,11 @@ SiLU or the identity. Tokens before a sequence start read zeros: with
 
 **Halo** (context parallelism). ``halo: [B, W-1, D]`` stands for the ``W-1``
 tokens that precede token 0 of each row — the previous rank's last tokens of
-the document that continues here (zeros when the document starts here). It is
-read by the tokens of the document holding token 0 (the first document of the
-row) only; :func:`causal_conv1d_bwd` returns its gradient ``dhalo`` for the
-caller to send back to the rank that owns those tokens.
+the document that continues here; slots before that document's start (all of
+them when the document starts here) must be zeros. It is read by the tokens of
+the document holding token 0 (the first non-empty document of the row) only;
+:func:`causal_conv1d_bwd` returns its gradient ``dhalo`` for the caller to
+send back to the rank that owns those tokens (dropping the zero slots').
 
 The backward is explicit: ``dx`` (and ``dhalo``) are dense shifted adds in a
 fixed order; ``dweight`` and ``dbias`` are reductions over all tokens, computed
