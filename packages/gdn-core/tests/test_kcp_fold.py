@@ -73,3 +73,21 @@ def test_fold_float64_and_errors():
         fold_step(M, S[:, :8], E)
     with pytest.raises(ValueError):
         fold_step(M, S, E, impl="cublas")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("transpose", [False, True])
+@pytest.mark.parametrize("HV,K,V", [(8, 128, 128), (4, 256, 256), (2, 48, 80)])
+def test_gpu_triton_fold_is_bitwise_the_cpu_fold(HV, K, V, transpose):
+    """The CUDA kernel (no FMA contraction) reproduces the CPU torch loop bit for bit,
+    whatever the TF32 settings."""
+    M, S, E = _data(HV, K, V, seed=5)
+    want = fold_step(M, S, E, transpose=transpose, impl="torch")
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        got = fold_step(M.cuda(), S.cuda(), E.cuda(), transpose=transpose)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert torch.equal(got.cpu(), want)

@@ -1,0 +1,156 @@
+"""GPU tests (``pytest -m gpu``): the Triton path in a simulated world on one GPU.
+
+One H200 cannot host several NCCL ranks, so these run every rank of a world
+in one process (``*_simulated``), which executes exactly the per-rank code of
+a distributed run (DESIGN §3, issue 8).
+"""
+
+from __future__ import annotations
+
+import os
+
+import gdn_det_train_kcp as kcp
+import pytest
+import torch
+from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
+from gdn_core.conv1d import causal_conv1d
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+GRADS = ("dq", "dk", "dv", "dg", "dbeta")
+
+LAYOUTS = [
+    # (offsets, world, boundary)
+    ([0, 4096], 4, "chunk"),                              # one document over four ranks
+    ([0, 700, 701, 3000, 3100, 4000], 3, "even"),         # cuts off the chunk grid
+    ([0, 100, 2100, 2101, 4096], 8, "doc"),               # doc policy, several pass-throughs
+    ([0, 200], 4, "chunk"),                               # an empty rank inside a document
+]
+
+
+@pytest.fixture(autouse=True)
+def _deterministic():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def make(offsets, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, seed=0, l2=True):
+    T = offsets[-1]
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, T, H, K, generator=gen)
+    k = torch.randn(1, T, H, K, generator=gen)
+    if not l2:
+        k = k / k.norm(dim=-1, keepdim=True)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, generator=gen)) * 0.1
+    beta = torch.rand(1, T, HV, generator=gen)
+    do = torch.randn(1, T, HV, V, generator=gen)
+    return [x.to("cuda", dtype) for x in (q, k, v, g, beta, do)]
+
+
+def single(ins, offsets, l2=True):
+    o, _, saved = chunk_gdn_fwd(*ins[:5], cu_seqlens=offsets, deterministic=True,
+                                use_qk_l2norm_in_kernel=l2)
+    return o, chunk_gdn_bwd(saved, ins[5], deterministic=True)
+
+
+def simulate(ins, plan, exchange, l2=True, workspaces=None):
+    ctxs = kcp.build_simulated_contexts_det_kcp(plan, device="cuda")
+    sh = [[t[:, slice(*plan.token_range(r))].contiguous() for r in range(plan.world_size)]
+          for t in ins]
+    os_, saveds = kcp.chunk_gdn_det_fwd_kcp_simulated(*sh[:5], ctxs, exchange=exchange,
+                                                      use_qk_l2norm_in_kernel=l2)
+    assert all(s.backend == "triton" for s in saveds)
+    grads = kcp.chunk_gdn_det_bwd_kcp_simulated(saveds, sh[5], workspaces)
+    return torch.cat(os_, 1), {n: torch.cat([getattr(g, n) for g in grads], 1) for n in GRADS}
+
+
+def rel_err(a, b):
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-4)])
+@pytest.mark.parametrize("offsets,world,boundary", LAYOUTS)
+def test_simulated_world_matches_single_gpu(offsets, world, boundary, dtype, tol):
+    ins = make(offsets, dtype=dtype)
+    o_ref, g_ref = single(ins, offsets)
+    plan = kcp.partition_det_kcp(offsets, world, boundary=boundary)
+    ws = [kcp.DetKCPWorkspace(world, 8, 128, 128, device="cuda") for _ in range(world)]
+    results = {}
+    for exchange in ("allgather", "ring"):
+        o, g = simulate(ins, plan, exchange)
+        assert rel_err(o, o_ref) < tol
+        for n in GRADS:
+            assert rel_err(g[n], getattr(g_ref, n)) < tol, n
+        results[exchange] = (o, g)
+    again = simulate(ins, plan, "allgather", workspaces=ws)
+    # bitwise: repeat (with workspaces), and ring == allgather
+    for other in (again, results["ring"]):
+        assert torch.equal(results["allgather"][0], other[0])
+        for n in GRADS:
+            assert torch.equal(results["allgather"][1][n], other[1][n]), n
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_world_one_is_bitwise_single_gpu(dtype):
+    offsets = [0, 1000, 1001, 3000]
+    ins = make(offsets, dtype=dtype)
+    o_ref, g_ref = single(ins, offsets)
+    ctx = kcp.build_context_det_kcp(kcp.partition_det_kcp(offsets, 1), 0, device="cuda")
+    leaves = [t.clone().requires_grad_(True) for t in ins[:5]]
+    o = kcp.chunk_gated_delta_rule_det_kcp(*leaves, context=ctx, use_qk_l2norm_in_kernel=True)
+    o.backward(ins[5])
+    assert torch.equal(o, o_ref)
+    for leaf, n in zip(leaves, GRADS):
+        assert torch.equal(leaf.grad, getattr(g_ref, n)), n
+
+
+def test_tf32_settings_do_not_change_bits():
+    offsets, world = [0, 3000], 4
+    ins = make(offsets, dtype=torch.float32)
+    plan = kcp.partition_det_kcp(offsets, world, boundary="even")
+    prec = torch.get_float32_matmul_precision()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        a = simulate(ins, plan, "allgather")
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        b = simulate(ins, plan, "allgather")
+    finally:
+        torch.set_float32_matmul_precision(prec)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert torch.equal(a[0], b[0])
+    for n in GRADS:
+        assert torch.equal(a[1][n], b[1][n]), n
+
+
+def test_conv_halo_on_gpu():
+    offsets, world = [0, 2, 5, 1000, 1003], 4
+    plan = kcp.partition_det_kcp(offsets, world, boundary="even")
+    ctxs = kcp.build_simulated_contexts_det_kcp(plan, device="cuda", conv_kernel_size=4)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1003, 256, generator=gen).cuda()
+    w = (torch.randn(256, 4, generator=gen) * 0.5).cuda().requires_grad_(True)
+    b = torch.randn(256, generator=gen).cuda().requires_grad_(True)
+    dy = torch.randn(1, 1003, 256, generator=gen).cuda()
+    xs = [x[:, slice(*plan.token_range(r))].clone().requires_grad_(True) for r in range(world)]
+    ys = kcp.causal_conv1d_det_kcp_simulated(xs, w, b, ctxs)
+    torch.autograd.backward(ys, [dy[:, slice(*plan.token_range(r))] for r in range(world)])
+    xr = x.clone().requires_grad_(True)
+    wr, br = (t.detach().clone().requires_grad_(True) for t in (w, b))
+    yr = causal_conv1d(xr, wr, br, "silu", offsets, deterministic=True)
+    yr.backward(dy)
+    torch.testing.assert_close(torch.cat([y.detach() for y in ys], 1), yr.detach())
+    torch.testing.assert_close(torch.cat([t.grad for t in xs], 1), xr.grad)
+    torch.testing.assert_close(w.grad, wr.grad, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(b.grad, br.grad, rtol=1e-5, atol=1e-4)
