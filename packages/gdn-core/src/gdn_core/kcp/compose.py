@@ -84,8 +84,10 @@ class KCPSavedBase(TypedSaved):
         S_in: ``[HV,K,V]`` initial state of the first fragment (when it
             continues from an earlier rank).
         M: ``[HV,K,K]`` this rank's transition matrix (pass-through ranks).
-        gathered: the forward's all-gathered summaries ``[world,HV,K,K+V]``
-            (``"allgather"`` only; the backward folds with their ``M``).
+        chain_M: ``[n,HV,K,K]``, the ``M`` of the pass-through ranks of the
+            backward fold chain (``table.bwd_chain[:-1]``, in order), copied
+            from the forward's all-gather (``"allgather"`` only; ``None`` when
+            the chain has none).
         input_meta: ``(shape, dtype)`` of q, k, v, g, beta.
     """
 
@@ -96,7 +98,7 @@ class KCPSavedBase(TypedSaved):
     inner: GDNSaved | None
     S_in: torch.Tensor | None
     M: torch.Tensor | None
-    gathered: torch.Tensor | None
+    chain_M: torch.Tensor | None
     input_meta: tuple
     state_dtype: torch.dtype
 
@@ -209,7 +211,7 @@ def _forward_steps(a: _FwdArgs):
         )
 
     # 2. exchange and fold
-    gathered = None
+    chain_M = None
     S_in = None
     if a.exchange == "allgather":
         slot = torch.zeros(HV, K, K + V, dtype=sd, device=dev)
@@ -226,6 +228,8 @@ def _forward_steps(a: _FwdArgs):
             for j in chain[1:]:
                 S = fold_step(gathered[j, :, :, :K], S, gathered[j, :, :, K:])
             S_in = S.contiguous()
+        if len(tab.bwd_chain) > 1:  # keep only what the backward fold reads
+            chain_M = torch.stack([gathered[j, :, :, :K] for j in tab.bwd_chain[:-1]])
     else:
         def step(carry_in: torch.Tensor) -> torch.Tensor:
             if tab.empty:
@@ -259,7 +263,7 @@ def _forward_steps(a: _FwdArgs):
     saved = a.saved_cls(
         context=ctx, exchange=a.exchange, backend=a.backend, shapes=s, inner=inner,
         S_in=S_in, M=M if a.exchange == "ring" else None,
-        gathered=gathered if a.exchange == "allgather" else None,
+        chain_M=chain_M,
         input_meta=meta, state_dtype=sd,
     )
     return o, saved
@@ -435,8 +439,8 @@ def _backward_steps(a: _BwdArgs):
         if tab.last_continues:
             chain = tab.bwd_chain
             X = got[chain[-1]]
-            for j in reversed(chain[:-1]):
-                X = fold_step(saved.gathered[j, :, :, :K], X, got[j], transpose=True)
+            for i in reversed(range(len(chain) - 1)):
+                X = fold_step(saved.chain_M[i], X, got[chain[i]], transpose=True)
             D = X
     else:
         def step(carry_in: torch.Tensor) -> torch.Tensor:

@@ -207,7 +207,9 @@ def _check_digests(plan: KCPPlan, group, rank: int, device: torch.device) -> Non
     me = dist.get_rank(group)
     if me != rank:
         raise ValueError(f"rank={rank} was given, but this process is rank {me} of the group")
-    mine = torch.tensor(plan.digest_words(), dtype=torch.int64, device=device)
+    backend = str(dist.get_backend(group)).lower()
+    comm = device if ("nccl" in backend and device.type == "cuda") else torch.device("cpu")
+    mine = torch.tensor(plan.digest_words(), dtype=torch.int64, device=comm)
     got = [torch.empty_like(mine) for _ in range(size)]
     dist.all_gather(got, mine, group=group)
     bad = [r for r, t in enumerate(got) if not torch.equal(t.cpu(), mine.cpu())]
