@@ -482,7 +482,7 @@ GPU_CASES = [
 @pytest.mark.gpu
 @needs_forward
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("lengths,H,group,K,V", GPU_CASES)
 def test_full_backward_gpu(lengths, H, group, K, V, dtype):
     """Real shapes on the GPU (bf16 included) vs autograd of the fp32 chunked reference."""
