@@ -67,7 +67,7 @@ def test_conv1d_cuda_matches_cpu_and_repeats():
     cu = [0, 1, 2000, 5000]
 
     def run(device):
-        xs, ws, bs = (t.to(device).requires_grad_() for t in (x, w, b))
+        xs, ws, bs = (t.to(device).clone().requires_grad_() for t in (x, w, b))
         y = causal_conv1d_det(xs, ws, bs, "silu", cu)
         (y * dy.to(device)).sum().backward()
         return [t.detach().cpu() for t in (y, xs.grad, ws.grad, bs.grad)]
