@@ -27,7 +27,7 @@ import triton.language as tl
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
 
-__all__ = ["wy_fwd"]
+__all__ = ["wy_fwd", "wy_config"]
 
 
 @triton.jit
@@ -270,6 +270,16 @@ def _check_dims(K: int, V: int) -> None:
             raise ValueError(f"{name} must be a multiple of 16 in [16, 256], got {d}")
 
 
+def wy_config(K: int, V: int) -> dict[str, int]:
+    """Pinned launch configuration of the WY kernel for head dims ``K, V``."""
+    return {
+        "BK": min(64, triton.next_power_of_2(K)),
+        "BV": min(64, triton.next_power_of_2(V)),
+        "num_warps": 4,
+        "num_stages": 1,
+    }
+
+
 @launcher(uses_atomics=False, kernels=(_wy_fwd_kernel,))
 def wy_fwd(
     k: torch.Tensor,
@@ -322,11 +332,11 @@ def wy_fwd(
     NT = index.num_chunks
     if NT == 0 or HV == 0:
         return A_inv, W, U
-    prec = "ieee" if k.dtype == torch.float32 else "tf32"
+    cfg = wy_config(K, V)
     _wy_fwd_kernel[(NT, HV)](
         k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
-        GROUP=group, K=K, V=V, BK=min(64, triton.next_power_of_2(K)),
-        BV=min(64, triton.next_power_of_2(V)), STORE_A=output_A_inv, PREC=prec,
-        num_warps=4, num_stages=1,
+        GROUP=group, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], STORE_A=output_A_inv,
+        PREC="ieee" if k.dtype == torch.float32 else "tf32",
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return A_inv, W, U
