@@ -19,9 +19,10 @@ send back to the rank that owns those tokens (dropping the zero slots').
 
 The backward is explicit: ``dx`` (and ``dhalo``) are dense shifted adds in a
 fixed order; ``dweight`` and ``dbias`` are reductions over all tokens, computed
-with :func:`gdn_core.gate.ordered_token_sum` (fixed block grid, partials added
-in order) when ``deterministic=True``. Plain vectorised torch: runs on CPU and
-CUDA; compute in fp32 (fp64 for fp64 input), results in the inputs' dtypes.
+when ``deterministic=True`` as in :func:`gdn_core.gate.ordered_token_sum`
+(partials over a fixed grid of token blocks, added in block order). Plain
+vectorised torch: runs on CPU and CUDA; compute in fp32 (fp64 for fp64 input),
+results in the inputs' dtypes.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import host_offsets
-from gdn_core.gate import ordered_token_sum
+from gdn_core.gate import sum_partials_in_order, token_block_partials
 
 __all__ = [
     "ACTIVATIONS",
@@ -226,18 +227,22 @@ def causal_conv1d_bwd(
         dpre = dpre * (s * (1 + pre * (1 - s)))
         del pre, s
     dxpad = torch.zeros_like(xpad)
-    dw_cols = []
+    # per lag j: token-block partials (deterministic) or plain sums of dpre·x[t-j]
+    reduce = token_block_partials if deterministic else (lambda t: t.sum(0, keepdim=True))
+    dw_parts = []
     for j in range(W):
         m = masks[j] if masks is not None else None
         g = dpre * m if m is not None else dpre
         dxpad[:, W - 1 - j : W - 1 - j + T] += g * w[:, W - 1 - j]
         prod = g * xpad[:, W - 1 - j : W - 1 - j + T]
-        dw_cols.append(ordered_token_sum(prod.reshape(B * T, D), deterministic))
-    # column W-1-j holds lag j
-    dweight = torch.stack(dw_cols[::-1], dim=1).to(weight.dtype)
-    dbias = None
+        dw_parts.append(reduce(prod.reshape(B * T, D)))
     if bias is not None:
-        dbias = ordered_token_sum(dpre.reshape(B * T, D), deterministic).to(bias.dtype)
+        dw_parts.append(reduce(dpre.reshape(B * T, D)))
+    # [blocks, W (+1), D]: the partials of every column added in block order at once
+    sums = sum_partials_in_order(torch.stack(dw_parts, dim=1))
+    # column W-1-j holds lag j
+    dweight = sums[:W].flip(0).T.contiguous().to(weight.dtype)
+    dbias = sums[W].to(bias.dtype) if bias is not None else None
     dx = dxpad[:, W - 1 :].to(x.dtype)
     dhalo = dxpad[:, : W - 1].to(halo.dtype) if halo is not None else None
     return dx, dweight, dbias, dhalo
