@@ -60,20 +60,25 @@ class ChunkLayout:
         offsets = tuple(int(x) for x in offsets)
         C = chunk_size
         total = offsets[-1]
-        doc_num_chunks, doc_first_chunk = [], []
-        slot_to_token = []
-        token_to_slot = [0] * total
-        for bos, eos in zip(offsets[:-1], offsets[1:]):
-            doc_first_chunk.append(len(slot_to_token) // C)
-            n_chunks = -(-(eos - bos) // C)
-            doc_num_chunks.append(n_chunks)
-            for j in range(n_chunks * C):
-                t = bos + j
-                if t < eos:
-                    token_to_slot[t] = len(slot_to_token)
-                    slot_to_token.append(t)
-                else:
-                    slot_to_token.append(total)  # the appended zero row
+        doc_num_chunks = [-(-(eos - bos) // C) for bos, eos in zip(offsets[:-1], offsets[1:])]
+        doc_first_chunk = [0]
+        for n in doc_num_chunks:
+            doc_first_chunk.append(doc_first_chunk[-1] + n)
+
+        # Gather indices, built vectorised on the host.
+        bos = torch.tensor(offsets[:-1], dtype=torch.long)
+        lengths = torch.tensor(offsets[1:], dtype=torch.long) - bos
+        chunks = torch.tensor(doc_num_chunks, dtype=torch.long)
+        first = torch.tensor(doc_first_chunk[:-1], dtype=torch.long)
+        tok_doc = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+        token_to_slot = first[tok_doc] * C + torch.arange(total) - bos[tok_doc]
+        chunk_doc = torch.repeat_interleave(torch.arange(len(lengths)), chunks)
+        chunk_pos = torch.arange(int(chunks.sum())) - first[chunk_doc]  # chunk index in its doc
+        chunk_start = bos[chunk_doc] + chunk_pos * C
+        chunk_end = bos[chunk_doc] + lengths[chunk_doc]
+        slot = chunk_start[:, None] + torch.arange(C)[None, :]
+        slot_to_token = torch.where(slot < chunk_end[:, None], slot, total).reshape(-1)
+
         n_docs = len(doc_num_chunks)
         order = sorted(range(n_docs), key=lambda n: (-doc_num_chunks[n], n))
         rank = [0] * n_docs
@@ -91,8 +96,8 @@ class ChunkLayout:
         for pos, c in enumerate(step_perm):
             step_inv[c] = pos
 
-        def dev(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.long).to(device)
+        def dev(x) -> torch.Tensor:
+            return torch.as_tensor(x, dtype=torch.long).to(device)
 
         return cls(
             offsets=offsets,
