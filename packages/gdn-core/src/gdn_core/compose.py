@@ -246,5 +246,6 @@ def _reference_backward(
         got = torch.autograd.grad(outs, wrt, grads, allow_unused=True)
     got = [torch.zeros_like(w) if d is None else d for d, w in zip(got, wrt)]
     dq, dk, dv, dg, dbeta = (d.to(x.dtype) for d, x in zip(got[:5], inputs))
-    dh0 = got[5].float() if h0 is not None else None
+    state_dtype = torch.float64 if saved.q.dtype == torch.float64 else torch.float32
+    dh0 = got[5].to(state_dtype) if h0 is not None else None
     return GDNGrads(dq, dk, dv, dg, dbeta, dh0)
