@@ -50,6 +50,9 @@ def main() -> int:
         results.append(
             _run("import-check", [sys.executable, "tools/check_import_independence.py"])
         )
+        results.append(
+            _run("kernel-determinism", [sys.executable, "tools/check_kernel_determinism.py"])
+        )
     for package in packages:
         results.append(_run(package, [*pytest, f"packages/{package}/tests"]))
     if not args.only and not args.gpu:
