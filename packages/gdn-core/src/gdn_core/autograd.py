@@ -17,7 +17,6 @@ mode-typed bases of their saved sets, workspaces and gradients.
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -223,36 +222,14 @@ class TrainWorkspace(TypedWorkspace):
         )
 
     def _make_core(self) -> Any:
-        """The kernels' ``BackwardWorkspace`` (``None`` until the kernels provide one)."""
-        try:
-            from gdn_core.ops.backward import BackwardWorkspace
-        except ImportError:
-            return None
-        factory = getattr(BackwardWorkspace, "for_shapes", None)
-        if factory is None:
-            return None
+        """The kernels' :class:`~gdn_core.ops.backward.BackwardWorkspace` at this capacity."""
+        from gdn_core.ops.backward import BackwardWorkspace
+
         cap, lay = self.capacity, self.layout
-        offered = {
-            "B": 1, "T": cap["tokens"], "tokens": cap["tokens"], "max_tokens": cap["tokens"],
-            "H": lay["H"], "HV": lay["HV"], "K": lay["K"], "V": lay["V"],
-            "num_docs": cap["docs"], "docs": cap["docs"], "N": cap["docs"],
-            "num_chunks": cap["chunks"], "NT": cap["chunks"], "chunks": cap["chunks"],
-            "max_chunks": cap["chunks"], "chunk_size": lay["chunk_size"],
-            "device": self.device, "dtype": self.dtype, "deterministic": self.deterministic,
-        }
-        params = inspect.signature(factory).parameters
-        if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-            raise RuntimeError("BackwardWorkspace.for_shapes must declare its parameters")
-        kwargs = {name: offered[name] for name in params if name in offered}
-        missing = [n for n, p in params.items()
-                   if n not in kwargs and p.default is p.empty
-                   and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-        if missing:
-            raise RuntimeError(
-                f"gdn_core.ops.backward.BackwardWorkspace.for_shapes needs {missing}; "
-                "gdn_core.autograd.TrainWorkspace does not know how to size them"
-            )
-        return factory(**kwargs)
+        return BackwardWorkspace.for_shapes(
+            cap["tokens"], lay["H"], lay["HV"], lay["K"], lay["V"], cap["chunks"], cap["docs"],
+            self.dtype, self.device, deterministic=bool(self.deterministic),
+        )
 
     def core_for(self, saved: GDNSaved) -> Any:
         """The kernels' workspace for a triton-backend backward (made on first use)."""
