@@ -513,7 +513,9 @@ def _resolve_device(name: str, world: int) -> str:
     if name == "auto":
         return "cuda" if n_gpu >= world else "cpu"
     if name == "cuda" and n_gpu < world:
-        raise SystemExit(f"--device cuda needs one GPU per rank: {world} ranks, {n_gpu} GPU(s)")
+        print(f"error: --device cuda needs one GPU per rank: {world} ranks, {n_gpu} GPU(s)",
+              file=sys.stderr)
+        raise SystemExit(2)
     return name
 
 
