@@ -107,14 +107,25 @@ def naive_recurrent_gdn(
 # ----------------------------------------------------------------------------
 
 
-def _doc_chunks(x: torch.Tensor, bos: int, eos: int, chunk_size: int) -> torch.Tensor:
-    """Slice one document and pad it to whole chunks: ``[NT, C, *rest]``."""
+def _doc_chunks(
+    x: torch.Tensor, bos: int, eos: int, chunk_size: int, edge_pad: bool = False
+) -> torch.Tensor:
+    """Slice one document and pad it to whole chunks: ``[NT, C, *rest]``.
+
+    Padding is zeros, or with ``edge_pad`` the document's last row repeated.
+    The cumulative log-decay ``G`` must be edge-padded: it is non-increasing
+    within a chunk, so ``exp(G_pad − G_j)`` stays ≤ 1, where a zero pad would
+    overflow to ``inf`` for strong decay and turn ``0 · inf`` into NaN
+    gradients.
+    """
     seg = x[bos:eos]
     n_tok = eos - bos
     n_chunks = -(-n_tok // chunk_size)
     pad = n_chunks * chunk_size - n_tok
     if pad:
-        seg = torch.cat([seg, seg.new_zeros(pad, *seg.shape[1:])])
+        fill = seg[-1:].expand(pad, *seg.shape[1:]) if edge_pad else seg.new_zeros(
+            pad, *seg.shape[1:])
+        seg = torch.cat([seg, fill])
     return seg.reshape(n_chunks, chunk_size, *seg.shape[1:])
 
 
@@ -153,7 +164,7 @@ def wy_ref(
         kc = _doc_chunks(k, bos, eos, C)  # [NT, C, HV, K]
         vc = _doc_chunks(v, bos, eos, C)
         bc = _doc_chunks(beta, bos, eos, C)  # [NT, C, HV]
-        Gc = _doc_chunks(G, bos, eos, C)
+        Gc = _doc_chunks(G, bos, eos, C, edge_pad=True)
         kk = torch.einsum("nihk,njhk->nhij", kc, kc)
         decay = (Gc.transpose(1, 2)[..., :, None] - Gc.transpose(1, 2)[..., None, :])
         strict = torch.ones(C, C, dtype=torch.bool, device=k.device).tril(-1)
@@ -196,7 +207,8 @@ def chunk_states_ref(
     for n, (bos, eos) in enumerate(bounds):
         S = initial_state[n].to(k.dtype) if initial_state is not None else k.new_zeros(HV, K, V)
         if eos > bos:
-            kc, Wc, Uc, Gc = (_doc_chunks(x, bos, eos, chunk_size) for x in (k, W, U, G))
+            kc, Wc, Uc = (_doc_chunks(x, bos, eos, chunk_size) for x in (k, W, U))
+            Gc = _doc_chunks(G, bos, eos, chunk_size, edge_pad=True)
             n_tok = eos - bos
             last = [min(chunk_size, n_tok - c * chunk_size) - 1 for c in range(kc.shape[0])]
             vns = []
@@ -237,7 +249,8 @@ def chunk_output_ref(
     for bos, eos in bounds:
         if eos == bos:
             continue
-        qc, kc, vc, Gc = (_doc_chunks(x, bos, eos, C) for x in (q, k, v_new, G))
+        qc, kc, vc = (_doc_chunks(x, bos, eos, C) for x in (q, k, v_new))
+        Gc = _doc_chunks(G, bos, eos, C, edge_pad=True)
         n_chunks = qc.shape[0]
         hc = h[chunk0 : chunk0 + n_chunks]
         chunk0 += n_chunks
