@@ -154,3 +154,68 @@ def test_conv_halo_on_gpu():
     torch.testing.assert_close(torch.cat([t.grad for t in xs], 1), xr.grad)
     torch.testing.assert_close(w.grad, wr.grad, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(b.grad, br.grad, rtol=1e-5, atol=1e-4)
+
+
+# ------------------------------------------- segment plans: same bits, any world --
+
+SEGMENT_LAYOUTS = [
+    # (offsets, segment_size, world sizes)
+    ([0, 8192], 1024, (1, 2, 3, 4, 8)),                       # one long document
+    ([0, 300, 4396, 4397, 7000, 8192], 1024, (2, 3, 5, 8)),   # assorted, a one-token one
+    ([0, 40, 4096], 512, (4, 7)),                             # 512-token segments
+]
+
+
+def single_segments(ins, offsets, S, l2=True):
+    """The single-GPU deterministic call (what gdn_det_train runs) with segment size S."""
+    from gdn_core.autograd import chunk_gdn_autograd
+
+    leaves = [t.clone().requires_grad_(True) for t in ins[:5]]
+    o, _ = chunk_gdn_autograd(*leaves, cu_seqlens=offsets, use_qk_l2norm_in_kernel=l2,
+                              deterministic=True, segment_size=S)
+    o.backward(ins[5])
+    return o.detach(), {n: leaf.grad for n, leaf in zip(GRADS, leaves)}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("offsets,S,worlds", SEGMENT_LAYOUTS)
+def test_segment_worlds_are_bitwise_the_single_gpu(offsets, S, worlds, dtype):
+    ins = make(offsets, dtype=dtype)
+    o_ref, g_ref = single_segments(ins, offsets, S)
+    for world in worlds:
+        plan = kcp.partition_det_kcp(offsets, world, boundary="segment", segment_size=S)
+        for exchange in ("allgather", "ring"):
+            o, g = simulate(ins, plan, exchange)
+            what = f"world {world} {exchange} cuts {plan.cuts}"
+            assert torch.equal(o, o_ref), what
+            for n in GRADS:
+                assert torch.equal(g[n], g_ref[n]), f"{what}: {n}"
+
+
+def test_segment_worlds_accuracy_and_tf32_independence():
+    offsets, S, world = [0, 6000, 8192], 1024, 4
+    ins = make(offsets, dtype=torch.float32)
+    plan = kcp.partition_det_kcp(offsets, world, boundary="segment", segment_size=S)
+    prec = torch.get_float32_matmul_precision()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("highest")
+        torch.backends.cuda.matmul.allow_tf32 = False
+        a = simulate(ins, plan, "allgather")
+        torch.set_float32_matmul_precision("medium")
+        torch.backends.cuda.matmul.allow_tf32 = True
+        b = simulate(ins, plan, "ring")
+    finally:
+        torch.set_float32_matmul_precision(prec)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    assert torch.equal(a[0], b[0])
+    for n in GRADS:
+        assert torch.equal(a[1][n], b[1][n]), n
+    o_plain, g_plain = single(ins, offsets)  # default segments: 1024 as well
+    assert torch.equal(a[0], o_plain)
+    low = make(offsets, dtype=torch.bfloat16)
+    o16, g16 = simulate(low, plan, "allgather")
+    assert rel_err(o16, a[0]) < 1e-2
+    for n in GRADS:
+        assert rel_err(g16[n], a[1][n]) < 1e-2, n
+        assert torch.equal(a[1][n], getattr(g_plain, n)), n

@@ -26,6 +26,7 @@ import torch
 from gdn_core.chunking import CHUNK_SIZE
 from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
 from gdn_core.gate import gate_bwd, gate_fwd, validate_gate_params
+from gdn_core.segment import resolve_segment_size
 from gdn_core.typed import TypedSaved, TypedWorkspace, mode_name
 from gdn_core.validation import GDNShapes, validate_gdn_inputs
 
@@ -264,8 +265,10 @@ def gated_gdn_fwd(
     deterministic: bool,
     backend: str | None = None,
     workspace: TrainWorkspace | None = None,
+    segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved, GateSaved | None]:
-    """Validate, apply the optional gate, run :func:`chunk_gdn_fwd`.
+    """Validate, apply the optional gate, run :func:`chunk_gdn_fwd`
+    (``segment_size``: see :mod:`gdn_core.segment`).
 
     Returns ``(o, final_state, core_saved, gate_saved)``. All argument checks
     (inputs, gate parameters, and ``workspace``'s size/device if given) run
@@ -283,6 +286,7 @@ def gated_gdn_fwd(
         validate_gate_params(g, A_log, dt_bias, shapes.HV)
     elif A_log is not None or dt_bias is not None:
         raise ValueError("A_log and dt_bias are used only with use_gate_in_kernel=True")
+    resolve_segment_size(segment_size)
     # resolve the backend now so a bad device/dtype combination fails before the gate runs
     chosen = resolve_backend(q.device, q.dtype, backend)
     if workspace is not None:
@@ -297,7 +301,7 @@ def gated_gdn_fwd(
         q, k, v, g_used, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=offsets,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, deterministic=deterministic,
-        backend=chosen,
+        backend=chosen, segment_size=segment_size,
     )
     return o, final, core, gate
 
@@ -378,6 +382,7 @@ class _Options:
     deterministic: bool
     backend: str | None
     workspace: Any
+    segment_size: int | None = None
 
 
 class ChunkGDNFunction(torch.autograd.Function):
@@ -395,6 +400,7 @@ class ChunkGDNFunction(torch.autograd.Function):
             use_qk_l2norm_in_kernel=opts.use_qk_l2norm_in_kernel,
             use_gate_in_kernel=opts.use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
             deterministic=opts.deterministic, backend=opts.backend,
+            segment_size=opts.segment_size,
         )
         ctx.core, ctx.gate, ctx.opts = core, gate, opts
         ctx.h0_dtype = None if initial_state is None else initial_state.dtype
@@ -439,11 +445,13 @@ def chunk_gdn_autograd(
     deterministic: bool,
     workspace: TrainWorkspace | None = None,
     backend: str | None = None,
+    segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Differentiable gated GDN: ``(o [B,T,HV,V], final_state [N,HV,K,V] fp32 or None)``.
 
     Validates everything (including ``workspace``'s fit) before computing; the
-    backward reuses ``workspace`` if given.
+    backward reuses ``workspace`` if given. ``segment_size``: see
+    :mod:`gdn_core.segment` (``None``: the default).
     """
     shapes = validate_gdn_inputs(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
@@ -454,7 +462,7 @@ def chunk_gdn_autograd(
         scale=scale, output_final_state=bool(output_final_state), cu_seqlens=offsets,
         use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
         use_gate_in_kernel=use_gate_in_kernel, deterministic=bool(deterministic),
-        backend=backend, workspace=workspace,
+        backend=backend, workspace=workspace, segment_size=resolve_segment_size(segment_size),
     )
     if workspace is not None:
         workspace.check_shapes(shapes, v.device, q.dtype, resolve_backend(q.device, q.dtype,

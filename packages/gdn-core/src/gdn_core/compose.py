@@ -13,12 +13,22 @@ Backends:
   only backend for float64 (``gradcheck``).
 
 ``GDN_CORE_BACKEND=triton|reference`` in the environment overrides the choice.
+
+Segments (:mod:`gdn_core.segment`): documents longer than ``segment_size``
+tokens (default :data:`gdn_core.segment.DEFAULT_SEGMENT_SIZE`) run as fixed
+segments — summaries, a fixed-order fp32 fold, then every segment's
+recurrence in parallel — on both backends and in both modes. The result's
+bits depend on ``segment_size`` (a deterministic run is repeatable for a fixed
+one, and a context-parallel run of a ``"segment"`` plan with the same size
+gives the same bits for any number of ranks). Layouts whose documents are all
+at most one segment long run the plain chunked path unchanged.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -58,6 +68,10 @@ class GDNSaved:
     ``use_qk_l2norm_in_kernel`` (then ``q_rstd``/``k_rstd`` hold the inverse
     norms for the normalisation's backward); ``G`` is the within-chunk
     cumulative sum of ``g`` (triton backend only; recomputed otherwise).
+    With segments, ``segments`` is the :class:`gdn_core.segment.SegmentLayout`
+    (``index`` then holds segments), ``seg_states`` every segment's entry
+    state ``[nseg,HV,K,V]`` and ``seg_summ`` the summaries ``[E | M]``
+    ``[nseg,HV,K,V+K]`` (fp32; fp64 for fp64 inputs) the backward fold reads.
     """
 
     deterministic: bool
@@ -75,6 +89,9 @@ class GDNSaved:
     G: torch.Tensor | None = None
     q_rstd: torch.Tensor | None = None
     k_rstd: torch.Tensor | None = None
+    segments: Any = None
+    seg_states: torch.Tensor | None = None
+    seg_summ: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -114,6 +131,7 @@ def chunk_gdn_fwd(
     deterministic: bool,
     backend: str | None = None,
     index: ChunkIndex | None = None,
+    segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved]:
     """Chunked GDN forward.
 
@@ -122,18 +140,32 @@ def chunk_gdn_fwd(
     may pass a prebuilt :class:`ChunkIndex` of the same layout (saves the host
     work and, for a CUDA ``cu_seqlens``, a synchronisation).
 
+    ``segment_size``: the segment length (a multiple of 64; ``None``: the
+    default; ``0``: no segments) — see the module docstring.
+
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [N,HV,K,V] fp32 or None,
     saved)``. Raises ``TypeError``/``ValueError`` for bad input (see
     :func:`gdn_core.validation.validate_gdn_inputs`).
     """
+    from gdn_core.segment import SegmentLayout, resolve_segment_size, segment_fwd
+
     if index is not None and cu_seqlens is None:
         cu_seqlens = list(index.offsets)
     shapes = validate_gdn_inputs(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
         allow_float64=True,
     )
+    S = resolve_segment_size(segment_size)
     chosen = resolve_backend(q.device, q.dtype, backend)
     scale = float(shapes.K**-0.5 if scale is None else scale)
+    layout = SegmentLayout.build(shapes.offsets, S, has_h0=initial_state is not None)
+    if not layout.trivial:
+        return segment_fwd(
+            q, k, v, g, beta, layout=layout, scale=scale,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, initial_state=initial_state,
+            output_final_state=output_final_state, backend=chosen,
+            deterministic=deterministic, shapes=shapes,
+        )
     if chosen == "reference":
         with torch.no_grad():
             o, final = chunk_gdn_reference(
@@ -204,6 +236,10 @@ def chunk_gdn_bwd(
     if dht is not None:
         _check_grad_output("dht", dht, (s.num_docs, s.HV, s.K, s.V), saved.device)
 
+    if saved.segments is not None:
+        from gdn_core.segment import segment_bwd
+
+        return segment_bwd(saved, do, dht, deterministic=deterministic, workspace=workspace)
     if saved.backend == "reference":
         return _reference_backward(saved, do, dht)
 

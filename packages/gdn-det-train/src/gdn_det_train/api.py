@@ -27,6 +27,7 @@ def chunk_gated_delta_rule_det(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     workspace: DetWorkspace | None = None,
+    segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked GDN, differentiable, with bitwise-deterministic gradients.
 
@@ -40,6 +41,13 @@ def chunk_gated_delta_rule_det(
     flow to ``q, k, v, g, beta, initial_state`` (and ``A_log, dt_bias``);
     repeated calls and other processes give identical bits. ``workspace``: a
     :class:`DetWorkspace` the backward reuses.
+
+    ``segment_size`` (default 1024; a multiple of 64, or 0 for none): documents
+    longer than this run as fixed segments of that many tokens — summarised,
+    folded in a fixed fp32 order, then run in parallel (the speed-up for long
+    documents). The bits depend on it: ``gdn_det_train_kcp`` with
+    ``partition_det_kcp(..., boundary="segment", segment_size=S)`` gives these
+    very bits for any number of ranks.
     """
     if workspace is not None:
         require_instance(workspace, DetWorkspace, "workspace")
@@ -48,6 +56,7 @@ def chunk_gated_delta_rule_det(
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
         A_log=A_log, dt_bias=dt_bias, deterministic=True, workspace=workspace,
+        segment_size=segment_size,
     )
 
 
@@ -66,6 +75,7 @@ def chunk_gdn_det_fwd(
     use_gate_in_kernel: bool = False,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
+    segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, DetSavedSet]:
     """Forward of the split API: ``(o, final_state, saved)``.
 
@@ -78,6 +88,7 @@ def chunk_gdn_det_fwd(
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+            segment_size=segment_size,
         )
 
 

@@ -37,6 +37,29 @@ document. ``dS_in(r) = dS_loc(r) + Mᵀ D(r)`` for a pass-through rank, else
    rank down, with the ``M`` slots gathered in forward; or the reverse ring);
 3. runs the local backward with ``dht = D(r)`` for its last fragment.
 
+**Segment plans** (``boundary="segment"``, partition-invariant). Every rank
+runs the single-rank segment path of :mod:`gdn_core.segment` on its own
+segments — the very functions ``chunk_gdn_fwd``/``chunk_gdn_bwd`` run — with
+the exchange between its phases:
+
+* forward: summaries of the local segments; ``"allgather"`` of fixed slots
+  ``[seg_slots, HV, K, V+K]`` per rank (the ``[E | M]`` of the last fragment's
+  segments when it continues, zeros otherwise; ``seg_slots`` is a function of
+  the plan's total length, world size and segment size), after which each
+  rank prepends the earlier ranks' segments of its first document to that
+  document's fold chain — the chain the single-rank path folds, step for
+  step; ``"ring"``: the state leaving each rank's last segment is carried to
+  the next (``[HV, K, V]``), each rank continuing the fold over its own
+  segments. Then the local segments' recurrences from their entry states.
+* backward: the first reverse pass over the local segments, the ``[P | M]``
+  rows of the first fragment's segments exchanged (or the reverse ring), the
+  transposed fold, the full local backward.
+
+Every fold step and every segment's kernels see the same inputs as in the
+single-rank run, so outputs and gradients are bitwise those of
+``chunk_gdn_fwd``/``chunk_gdn_bwd`` with the plan's ``segment_size`` — for
+any world size, both exchanges, a simulated world or processes.
+
 Each rank's algorithm is a generator (see :mod:`~gdn_core.kcp.exchange`): the
 same code runs over a process group, in a world of one, and in a simulated
 world in one process.
@@ -125,7 +148,8 @@ class KCPGradsBase(ModeTyped):
 
 class KCPWorkspaceBase(TypedWorkspace):
     """Reusable buffers of a KCP backward: the exchange buffers
-    (``gather [world,HV,K,V]``, ``carry [HV,K,V]``, in the state dtype) and
+    (``gather [world,HV,K,V]``, ``carry [HV,K,V]``, in the state dtype;
+    ``seg_gather [world,seg_slots,HV,K,V+K]`` for segment plans) and
     a cache of the local backward's workspace (triton backend; rebuilt when
     the shard's layout changes). Sized by ``world_size, HV, K, V``, state
     dtype and device, which must match the saved set exactly."""
@@ -137,6 +161,7 @@ class KCPWorkspaceBase(TypedWorkspace):
         self.gather = torch.empty(world_size, HV, K, V, dtype=dtype, device=self.device)
         self.carry = torch.empty(HV, K, V, dtype=dtype, device=self.device)
         self.inner: Any = None
+        self.seg_gather: torch.Tensor | None = None  # segment plans, sized on first use
 
     @classmethod
     def for_saved(cls, saved: KCPSavedBase):
@@ -195,7 +220,73 @@ def _prepare_forward(q, k, v, g, beta, ctx, *, scale, use_qk_l2norm_in_kernel, e
                     exchange, chosen, deterministic, saved_cls)
 
 
+def _segment_forward_steps(a: _FwdArgs):
+    """The forward of a ``"segment"`` plan (module docstring)."""
+    from gdn_core.segment import segment_fwd_begin, segment_fwd_finish, segment_fwd_fold
+
+    ctx, tab, s = a.ctx, a.ctx.table, a.shapes
+    HV, K, V = s.HV, s.K, s.V
+    sd = state_dtype(a.q.dtype)
+    dev = a.q.device
+    W = ctx.world_size
+    st = None
+    if not tab.empty:
+        scale = float(K**-0.5 if a.scale is None else a.scale)
+        st = segment_fwd_begin(
+            a.q, a.k, a.v, a.g, a.beta, layout=ctx.segments, scale=scale,
+            use_qk_l2norm_in_kernel=a.l2, initial_state=None, backend=a.backend,
+            deterministic=a.deterministic, shapes=s,
+            index=ctx.seg_index if a.backend == "triton" else None,
+        )
+    if W == 1:
+        if st is not None:
+            segment_fwd_fold(st)
+    elif a.exchange == "allgather":
+        cap = ctx.seg_slots
+        slot = torch.zeros(cap, HV, K, V + K, dtype=sd, device=dev)
+        if tab.last_continues:
+            L = ctx.segments
+            lo, hi = L.doc_segs[-2], L.doc_segs[-1]
+            slot[: hi - lo].copy_(st.export_rows(lo, hi))
+        gathered = yield AllGather(slot)
+        if st is not None:
+            remote = None
+            if tab.first_continues:
+                rows = torch.tensor(ctx.seg_prefix_rows, dtype=torch.int64, device=dev)
+                remote = gathered.reshape(W * cap, HV, K, V + K)[rows]
+            segment_fwd_fold(st, remote=remote)
+    else:
+        done = []
+
+        def step(carry_in: torch.Tensor) -> torch.Tensor:
+            if tab.empty:
+                return carry_in
+            if not tab.last_continues:
+                return torch.zeros_like(carry_in)
+            out = segment_fwd_fold(st, seed=carry_in if tab.first_continues else None,
+                                   want_exit=True)
+            done.append(True)
+            return out
+
+        carry = yield RingPass(torch.zeros(HV, K, V, dtype=sd, device=dev), step)
+        if st is not None and not done:
+            segment_fwd_fold(st, seed=carry if tab.first_continues else None)
+    inner = None
+    if st is None:
+        o = a.v.new_empty(1, 0, HV, V)
+    else:
+        o, _, inner = segment_fwd_finish(st)
+    meta = tuple((tuple(x.shape), x.dtype) for x in (a.q, a.k, a.v, a.g, a.beta))
+    saved = a.saved_cls(
+        context=ctx, exchange=a.exchange, backend=a.backend, shapes=s, inner=inner,
+        S_in=None, M=None, chain_M=None, input_meta=meta, state_dtype=sd,
+    )
+    return o, saved
+
+
 def _forward_steps(a: _FwdArgs):
+    if a.ctx.plan.boundary == "segment":
+        return (yield from _segment_forward_steps(a))
     ctx, tab, s = a.ctx, a.ctx.table, a.shapes
     HV, K, V = s.HV, s.K, s.V
     sd = state_dtype(a.q.dtype)
@@ -357,6 +448,11 @@ def _prepare_backward(saved, do, workspace, *, deterministic, saved_cls, workspa
 def _first_fragment_dh0(inner: GDNSaved, do: torch.Tensor, L1: int, S_in: torch.Tensor,
                         index, deterministic: bool) -> torch.Tensor:
     """Initial-state gradient of the first fragment alone, with a zero final-state gradient."""
+    if inner.segments is not None:
+        from gdn_core.segment import first_document_saved
+
+        sub = first_document_saved(inner, L1)
+        return chunk_gdn_bwd(sub, do[:, :L1], None, deterministic=deterministic).dh0[0]
     s = inner.shapes
     if inner.backend == "reference":
         def cut(x):
@@ -411,7 +507,81 @@ def _local_backward(a: _BwdArgs, dht_last: torch.Tensor | None):
                          workspace=_inner_workspace(a.workspace, inner, a.deterministic))
 
 
+def _seg_gather_buffer(ws: KCPWorkspaceBase | None, shape, dtype, device):
+    """The workspace's segment all-gather buffer (made on first use, remade if
+    the plan's slot count changes)."""
+    if ws is None:
+        return None
+    buf = getattr(ws, "seg_gather", None)
+    if buf is None or tuple(buf.shape) != tuple(shape) or buf.dtype != dtype:
+        buf = torch.empty(shape, dtype=dtype, device=device)
+        ws.seg_gather = buf
+    return buf
+
+
+def _segment_backward_steps(a: _BwdArgs):
+    """The backward of a ``"segment"`` plan (module docstring)."""
+    from gdn_core.segment import segment_bwd_begin, segment_bwd_finish, segment_bwd_fold
+
+    saved = a.saved
+    ctx = saved.context
+    tab = ctx.table
+    s = saved.shapes
+    HV, K, V = s.HV, s.K, s.V
+    sd = saved.state_dtype
+    dev = a.do.device
+    W = ctx.world_size
+    bst = None
+    if not tab.empty:
+        bst = segment_bwd_begin(saved.inner, a.do, None, deterministic=a.deterministic,
+                                workspace=_inner_workspace(a.workspace, saved.inner,
+                                                           a.deterministic))
+    if W == 1:
+        if bst is not None:
+            segment_bwd_fold(bst)
+    elif saved.exchange == "allgather":
+        cap = ctx.seg_slots
+        slot = torch.zeros(cap, HV, K, V + K, dtype=sd, device=dev)
+        if tab.first_continues:
+            n0 = ctx.segments.doc_segs[1]
+            slot[:n0].copy_(bst.export_rows(0, n0))
+        buf = _seg_gather_buffer(a.workspace, (W, *slot.shape), sd, dev)
+        got = yield AllGather(slot, buf)
+        if bst is not None:
+            remote = None
+            if tab.last_continues:
+                rows = torch.tensor(ctx.seg_suffix_rows, dtype=torch.int64, device=dev)
+                remote = got.reshape(W * cap, HV, K, V + K)[rows]
+            segment_bwd_fold(bst, remote=remote)
+    else:
+        done = []
+
+        def step(carry_in: torch.Tensor) -> torch.Tensor:
+            if tab.empty:
+                return carry_in
+            if not tab.first_continues:
+                return torch.zeros_like(carry_in)
+            out = segment_bwd_fold(bst, seed=carry_in if tab.last_continues else None,
+                                   want_first=True)
+            done.append(True)
+            return out
+
+        ws = a.workspace
+        carry = ws.carry.zero_() if ws is not None else torch.zeros(HV, K, V, dtype=sd,
+                                                                      device=dev)
+        carry = yield RingPass(carry, step, reverse=True)
+        if bst is not None and not done:
+            segment_bwd_fold(bst, seed=carry if tab.last_continues else None)
+    if bst is None:
+        zeros = [torch.zeros(shape, dtype=dt, device=dev) for shape, dt in saved.input_meta]
+        return a.grads_cls(*zeros)
+    g = segment_bwd_finish(bst)
+    return a.grads_cls(g.dq, g.dk, g.dv, g.dg, g.dbeta)
+
+
 def _backward_steps(a: _BwdArgs):
+    if a.saved.context.plan.boundary == "segment":
+        return (yield from _segment_backward_steps(a))
     saved = a.saved
     tab = saved.context.table
     s = saved.shapes

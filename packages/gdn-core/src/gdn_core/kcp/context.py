@@ -104,6 +104,15 @@ class KCPContext(ModeTyped):
         index / first_index / last_index: chunk tables of the shard, of its
             first fragment alone and of its last fragment alone (``None`` for
             an empty rank).
+        segments / seg_index: ``"segment"`` plans: the shard's
+            :class:`~gdn_core.segment.SegmentLayout` (continuation flags from
+            the table) and its segment-level chunk table (``None`` otherwise
+            and for an empty rank).
+        seg_slots: rows per rank of the segment-summary all-gather.
+        seg_prefix_rows: rows of the flattened all-gather ``[world·seg_slots]``
+            holding the earlier ranks' segments of the first fragment's
+            document, in document order; seg_suffix_rows: the later ranks'
+            segments of the last fragment's document, last segment first.
     """
 
     plan: KCPPlan
@@ -116,6 +125,11 @@ class KCPContext(ModeTyped):
     index: ChunkIndex | None = None
     first_index: ChunkIndex | None = None
     last_index: ChunkIndex | None = None
+    segments: Any = None
+    seg_index: ChunkIndex | None = None
+    seg_slots: int = 0
+    seg_prefix_rows: tuple[int, ...] = ()
+    seg_suffix_rows: tuple[int, ...] = ()
     _halos: dict[int, ConvHalo] = field(default_factory=dict, repr=False)
 
     @property
@@ -187,12 +201,43 @@ def _make(plan, rank, device, group, simulated, conv_kernel_size, context_cls) -
         cu_seqlens=torch.tensor(offs, dtype=torch.int32).to(device),
         index=index, first_index=first_index, last_index=last_index,
     )
+    if plan.boundary == "segment":
+        _segment_tables(ctx, plan, table, device)
     if conv_kernel_size is not None:
         if isinstance(conv_kernel_size, bool) or not isinstance(conv_kernel_size, int) \
                 or conv_kernel_size < 1:
             raise ValueError(f"conv_kernel_size must be an int >= 1, got {conv_kernel_size!r}")
         ctx.conv_halo(conv_kernel_size)
     return ctx
+
+
+def _segment_tables(ctx: KCPContext, plan: KCPPlan, table: RankTable, device) -> None:
+    """The segment layout and exchange rows of a ``"segment"`` plan's rank."""
+    from gdn_core.segment import SegmentLayout
+
+    S = plan.segment_size
+    cap = plan.segment_slots()
+    ctx.seg_slots = cap
+    frags = plan.fragments(table.rank)
+    if not frags:
+        return
+    for f in frags:
+        if f.offset_in_doc % S:  # pragma: no cover - guaranteed by the policy
+            raise ValueError(f"fragment {f} does not start on its document's segment grid")
+    ctx.segments = SegmentLayout.build(table.local_offsets, S,
+                                       first_continues=table.first_continues,
+                                       last_continues=table.last_continues)
+    ctx.seg_index = ctx.segments.index(device)
+    prefix: list[int] = []
+    for p in table.fwd_chain:
+        n = plan.fragment_segments(plan.fragments(p)[-1])
+        prefix.extend(p * cap + i for i in range(n))
+    suffix: list[int] = []
+    for p in reversed(table.bwd_chain):
+        n = plan.fragment_segments(plan.fragments(p)[0])
+        suffix.extend(p * cap + (n - 1 - i) for i in range(n))
+    ctx.seg_prefix_rows = tuple(prefix)
+    ctx.seg_suffix_rows = tuple(suffix)
 
 
 def _check_digests(plan: KCPPlan, group, rank: int, device: torch.device) -> None:

@@ -305,6 +305,35 @@ class KCPPlan(ModeTyped):
         """The largest shard (a cap for per-rank buffers)."""
         return max(self.cuts[r + 1] - self.cuts[r] for r in range(self.world_size))
 
+    # ----------------------------------------------------------- segments --
+
+    def fragment_segments(self, fragment: Fragment) -> int:
+        """Segments of ``fragment`` (``"segment"`` plans: it starts on its
+        document's segment grid, so these are the document's own segments)."""
+        S = self.segment_size
+        if not S:
+            raise ValueError("fragment_segments needs a plan with boundary='segment'")
+        return max(1, -(-fragment.length // S))
+
+    def segment_slots(self) -> int:
+        """Rows per rank of the segment-summary exchange of a ``"segment"`` plan.
+
+        Every rank contributes this many ``[HV, K, V+K]`` rows (the summaries
+        of its first or last fragment's segments, identity/zero-padded), so the
+        exchanged shapes depend only on the total length, the world size and
+        the segment size: ``ceil(T / (world·S)) + 1`` (a shard is at most
+        ``T/world + S`` tokens long, every cut lying within ``S/2`` of its
+        balanced position), or more if some fragment needs it.
+        """
+        S = self.segment_size
+        if not S:
+            raise ValueError("segment_slots needs a plan with boundary='segment'")
+        cap = -(-self.total_tokens // (self.world_size * S)) + 1
+        for frags in self._fragments:
+            for f in (frags[:1] + frags[-1:]):
+                cap = max(cap, self.fragment_segments(f))
+        return cap
+
     # ------------------------------------------------------------- digest --
 
     def describe(self) -> dict:

@@ -235,6 +235,8 @@ def backward_from_recompute(
     deterministic: bool,
     workspace: BackwardWorkspace | None = None,
     dqk_dtype: torch.dtype | None = None,
+    dv_local: torch.Tensor | None = None,
+    num_docs: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Stages 1–5 given the forward's intermediates.
 
@@ -244,14 +246,19 @@ def backward_from_recompute(
     or ``None``. Returns ``(dq [T,H,K], dk [T,H,K], dv, dg, dbeta, dh0 [N,HV,K,V] fp32)``
     w.r.t. the tensors the recurrence used (before any L2-norm backward); ``dq``/``dk``
     in ``dqk_dtype`` (default: q's dtype), the rest in their inputs' dtypes.
+
+    ``dv_local``: stage 1's result when the caller already has it (the segment
+    path computes it before its first reverse pass). ``num_docs``: the document
+    count the workspace is checked against (default: the index's; the segment
+    path's index holds segments).
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     group = HV // H
     dtype = k.dtype
     shape_kw = dict(
-        T=T, H=H, HV=HV, K=K, V=V, num_chunks=index.num_chunks, num_docs=index.num_docs,
-        dtype=dtype, device=k.device,
+        T=T, H=H, HV=HV, K=K, V=V, num_chunks=index.num_chunks,
+        num_docs=index.num_docs if num_docs is None else num_docs, dtype=dtype, device=k.device,
     )
     if workspace is None:
         workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic)
@@ -261,7 +268,8 @@ def backward_from_recompute(
         workspace.check(deterministic=deterministic, **shape_kw)
     ws = workspace.views(T, HV, K, V, index.num_chunks, dtype)
 
-    dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
+    if dv_local is None:
+        dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
     dh, dvp, dh0 = chunk_state_bwd(
         q, k, W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=ws["dv"]
     )

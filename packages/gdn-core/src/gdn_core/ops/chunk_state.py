@@ -12,6 +12,15 @@ value width comes from ``U`` (not from ``v``): with ``U = 0 [T, HV, K]`` and
 ``initial_state = I`` the kernel computes the chunk transition matrix ``M``
 used by context parallelism. One program per (value block, document, value
 head); no atomics.
+
+Segment summaries (:mod:`gdn_core.segment`): with ``state_width = V + K`` and
+``identity_state=True`` the state is ``[E | M]`` — columns ``[0, V)`` start
+at zero and take ``U``, columns ``[V, V + K)`` start at the identity and take
+a zero ``U`` (never materialised) — so one launch returns every "document"'s
+``(S_ext, M)``; ``need`` (one int per document: bit 0 the ``E`` columns, bit 1
+the ``M`` columns) lets programs whose columns nobody reads return at once.
+Every column block is its own program, so a block's bits do not depend on
+which other blocks or documents the launch holds.
 """
 
 from __future__ import annotations
@@ -38,23 +47,35 @@ def _chunk_state_fwd_kernel(
     ht,
     doc_offsets,
     doc_chunk_offsets,
+    need,
     H,
     HV,
     GROUP: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
+    VU: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_H0: tl.constexpr,
+    H0_EYE: tl.constexpr,
+    HAS_NEED: tl.constexpr,
     STORE_H: tl.constexpr,
+    STORE_VNEW: tl.constexpr,
     STORE_FINAL: tl.constexpr,
     PREC: tl.constexpr,
 ):
+    # V: the state's width; VU: the columns that take U (the rest take zero).
     i_v = tl.program_id(0)
     i_n = tl.program_id(1)
     i_hv = tl.program_id(2)
     i_h = i_hv // GROUP
+    if HAS_NEED:
+        flags = tl.load(need + i_n)
+        want_u = ((flags & 1) != 0) & (i_v * BV < VU)
+        want_z = ((flags & 2) != 0) & (i_v * BV + BV > VU)
+        if not (want_u | want_z):
+            return
     bos = tl.load(doc_offsets + i_n).to(tl.int64)
     eos = tl.load(doc_offsets + i_n + 1).to(tl.int64)
     c0 = tl.load(doc_chunk_offsets + i_n).to(tl.int64)
@@ -64,12 +85,15 @@ def _chunk_state_fwd_kernel(
     rv = i_v * BV + tl.arange(0, BV)
     mk = rk < K
     mv = rv < V
+    mu = rv < VU
     m_kv = mk[:, None] & mv[None, :]
     s_off = rk[:, None] * V + rv[None, :]
 
     S = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_H0:
         S += tl.load(h0 + (i_n * HV + i_hv).to(tl.int64) * K * V + s_off, mask=m_kv, other=0.0)
+    if H0_EYE:
+        S += tl.where(rk[:, None] == rv[None, :] - VU, 1.0, 0.0)
 
     KS = H * K
     n_chunks = tl.cdiv(eos - bos, BT)
@@ -86,16 +110,17 @@ def _chunk_state_fwd_kernel(
             other=0.0,
         )
         b_u = tl.load(
-            U + (t0 + rt[:, None]) * HV * V + i_hv * V + rv[None, :],
-            mask=mt[:, None] & mv[None, :],
+            U + (t0 + rt[:, None]) * HV * VU + i_hv * VU + rv[None, :],
+            mask=mt[:, None] & mu[None, :],
             other=0.0,
         ).to(tl.float32)
         b_vn = b_u - tl.dot(b_w, S.to(b_w.dtype), input_precision=PREC)
-        tl.store(
-            v_new + (t0 + rt[:, None]) * HV * V + i_hv * V + rv[None, :],
-            b_vn.to(v_new.dtype.element_ty),
-            mask=mt[:, None] & mv[None, :],
-        )
+        if STORE_VNEW:
+            tl.store(
+                v_new + (t0 + rt[:, None]) * HV * V + i_hv * V + rv[None, :],
+                b_vn.to(v_new.dtype.element_ty),
+                mask=mt[:, None] & mv[None, :],
+            )
         p_g = G + t0 * HV + i_hv
         g_last = tl.load(p_g + (n - 1) * HV)
         b_g = tl.load(p_g + rt * HV, mask=mt, other=0.0)
@@ -136,30 +161,45 @@ def chunk_state_fwd(
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
     store_states: bool = True,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    *,
+    state_width: int | None = None,
+    identity_state: bool = False,
+    store_v_new: bool = True,
+    need: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Run the chunk-state recurrence over every document.
 
     Args:
         k: ``[T, H, K]`` keys (the ones used by :func:`wy_fwd`), head
             ``hv // group`` serves value head ``hv``.
         W: ``[T, HV, K]`` from :func:`wy_fwd` (same dtype as ``k``).
-        U: ``[T, HV, V]`` from :func:`wy_fwd`; ``V`` is taken from here
-            (any multiple of 16 up to 256, e.g. ``K`` for the transition matrix).
+        U: ``[T, HV, VU]`` from :func:`wy_fwd` (any multiple of 16 up to 256).
         G: ``[T, HV]`` fp32 within-chunk cumsum of ``g``.
         index: the chunk table.
         group: value heads per key head.
         initial_state: ``[N, HV, K, V]`` (read as fp32) or ``None`` (zeros).
         output_final_state: return the state after each document.
         store_states: store the state entering each chunk.
+        state_width: the state's width ``V`` (default ``VU``); columns
+            ``[VU, V)`` take a zero ``U``. Only with ``store_states=False``
+            and ``store_v_new=False``.
+        identity_state: start from ``[0 | I]`` (the identity in columns
+            ``[VU, VU + K)``; needs ``V == VU + K`` and no ``initial_state``).
+        store_v_new: store ``v_new`` (else ``None`` is returned for it).
+        need: optional int32 ``[N]`` on the device: bit 0 — document ``n``'s
+            columns ``[0, VU)`` are wanted, bit 1 — its columns ``[VU, V)``;
+            programs of unwanted columns return at once (their outputs are
+            left unwritten).
 
     Returns:
         ``(h, v_new, final)``: ``h: [NT, HV, K, V]`` in ``k``'s dtype (or
         ``None`` if not ``store_states``), ``v_new: [T, HV, V]`` in ``U``'s
-        dtype, ``final: [N, HV, K, V]`` fp32 (or ``None``). A zero-length
-        document's final state is its initial state (or zeros).
+        dtype (or ``None``), ``final: [N, HV, K, V]`` fp32 (or ``None``). A
+        zero-length document's final state is its initial state (or zeros).
     """
     T, H, K = k.shape
-    HV, V = U.shape[1], U.shape[2]
+    HV, VU = U.shape[1], U.shape[2]
+    V = VU if state_width is None else int(state_width)
     N, NT = index.num_docs, index.num_chunks
     if (
         tuple(W.shape) != (T, HV, K)
@@ -172,9 +212,21 @@ def chunk_state_fwd(
             f"shape mismatch: k {tuple(k.shape)}, W {tuple(W.shape)}, U {tuple(U.shape)}, "
             f"G {tuple(G.shape)}, group {group}, index tokens {index.total_tokens}"
         )
-    for name, d in (("K", K), ("V", V)):
+    for name, d in (("K", K), ("V", VU)):
         if d % 16 != 0 or not 16 <= d <= 256:
             raise ValueError(f"{name} must be a multiple of 16 in [16, 256], got {d}")
+    if V != VU:
+        if V < VU or V > 512 or V % 16:
+            raise ValueError(f"state_width must be a multiple of 16 in [{VU}, 512], got {V}")
+        if store_states or store_v_new:
+            raise ValueError("state_width != U's width only computes final states: pass "
+                             "store_states=False and store_v_new=False")
+    if identity_state:
+        if V != VU + K or initial_state is not None:
+            raise ValueError("identity_state needs state_width == U's width + K and no "
+                             "initial_state")
+    if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
+        raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
     if initial_state is not None:
         if tuple(initial_state.shape) != (N, HV, K, V):
             raise ValueError(
@@ -187,7 +239,7 @@ def chunk_state_fwd(
         G = G.float()
     dev = k.device
     h = torch.empty(NT, HV, K, V, dtype=k.dtype, device=dev) if store_states else None
-    v_new = torch.empty(T, HV, V, dtype=U.dtype, device=dev)
+    v_new = torch.empty(T, HV, V, dtype=U.dtype, device=dev) if store_v_new else None
     final = None
     if output_final_state:
         final = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
@@ -196,17 +248,21 @@ def chunk_state_fwd(
     if T == 0:
         # every document is empty: nothing to walk, the state passes through.
         if final is not None:
-            if initial_state is None:
-                final.zero_()
-            else:
+            if initial_state is not None:
                 final.copy_(initial_state)
+            else:
+                final.zero_()
+                if identity_state:
+                    final[..., VU:].copy_(torch.eye(K, dtype=torch.float32, device=dev))
         return h, v_new, final
     cfg = chunk_state_config(K, V)
     grid = (triton.cdiv(V, cfg["BV"]), N, HV)
     _chunk_state_fwd_kernel[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,
-        H, HV, GROUP=group, K=K, V=V, BT=index.chunk_size, BK=cfg["BK"], BV=cfg["BV"],
-        USE_H0=initial_state is not None, STORE_H=store_states, STORE_FINAL=output_final_state,
+        need, H, HV, GROUP=group, K=K, V=V, VU=VU, BT=index.chunk_size, BK=cfg["BK"],
+        BV=cfg["BV"], USE_H0=initial_state is not None, H0_EYE=identity_state,
+        HAS_NEED=need is not None, STORE_H=store_states, STORE_VNEW=store_v_new,
+        STORE_FINAL=output_final_state,
         PREC="ieee" if k.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

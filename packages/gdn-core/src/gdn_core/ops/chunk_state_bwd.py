@@ -19,6 +19,11 @@ Outputs:
 * ``dv [T, HV, V]`` — the full ``dV'`` (= ``dU`` of the WY stage), input dtype;
 * ``dh0 [N, HV, K, V]`` fp32.
 
+With ``store=False`` only ``dh0`` is written (the segment path's first
+pass, :mod:`gdn_core.segment`: each segment's initial-state gradient), and
+``need`` (int32 per document, nonzero = wanted) lets the programs of
+unwanted documents return at once.
+
 No atomics; no reduction crosses programs.
 """
 
@@ -50,6 +55,7 @@ def _chunk_state_bwd_kernel(
     chunk_start,
     chunk_len,
     doc_chunk_offsets,
+    need,
     scale,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -60,12 +66,17 @@ def _chunk_state_bwd_kernel(
     BK: tl.constexpr,
     BV: tl.constexpr,
     USE_DHT: tl.constexpr,
+    HAS_NEED: tl.constexpr,
+    STORE: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_n = tl.program_id(2)
     i_h = i_hv // GROUP
+    if HAS_NEED:
+        if tl.load(need + i_n) == 0:
+            return
     dt = k.dtype.element_ty
 
     o_t = tl.arange(0, BT)
@@ -91,8 +102,9 @@ def _chunk_state_bwd_kernel(
         rows = start + o_t
 
         # dh[c] = dS_{c+1}
-        off_c = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
-        tl.store(dh + off_c + off_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+        if STORE:
+            off_c = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+            tl.store(dh + off_c + off_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
 
         b_g = tl.load(G + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
         g_last = tl.load(G + (start + L - 1) * HV + i_hv).to(tl.float32)
@@ -106,7 +118,8 @@ def _chunk_state_bwd_kernel(
         off_tv = rows[:, None] * (HV * V) + i_hv * V + o_v[None, :]
         b_dv = tl.load(dv_local + off_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_dv += tl.dot(b_kd, b_dh.to(dt), input_precision=DOT_PREC)
-        tl.store(dv + off_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
+        if STORE:
+            tl.store(dv + off_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
         # dS_c = exp(G_last) dS_{c+1} + scale (Γ Q)^T dO - W^T dV'
         m_kt = m_k[:, None] & m_t[None, :]
@@ -142,19 +155,30 @@ def chunk_state_bwd(
     group: int,
     dh: torch.Tensor | None = None,
     dv: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    *,
+    store: bool = True,
+    need: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """Reverse state recurrence. Returns ``(dh [NT,HV,K,V], dv [T,HV,V], dh0 [N,HV,K,V] fp32)``.
 
     ``q, k: [T,H,K]``; ``W: [T,HV,K]``; ``G: [T,HV]`` fp32; ``do, dv_local: [T,HV,V]``;
     ``dht: [N,HV,K,V]`` or ``None``. ``dh``/``dv`` may supply the result buffers.
+    ``store=False``: only ``dh0`` (``dh``/``dv`` are returned as ``None``).
+    ``need``: optional int32 ``[N]``; documents with ``need == 0`` are skipped
+    (their ``dh0`` rows are left unwritten).
     """
     T, H, K = k.shape
     HV, V = do.shape[1], do.shape[2]
     N, NT = index.num_docs, index.num_chunks
-    if dh is None:
-        dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=k.device)
-    if dv is None:
-        dv = torch.empty(T, HV, V, dtype=k.dtype, device=k.device)
+    if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
+        raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
+    if not store:
+        dh = dv = None
+    else:
+        if dh is None:
+            dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=k.device)
+        if dv is None:
+            dv = torch.empty(T, HV, V, dtype=k.dtype, device=k.device)
     dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device)
     if N == 0:
         return dh, dv, dh0
@@ -163,10 +187,13 @@ def chunk_state_bwd(
     cfg = chunk_state_bwd_config(K, V)
     grid = (triton.cdiv(V, cfg["BV"]), HV, N)
     _chunk_state_bwd_kernel[grid](
-        q, k, W, G, do, dv_local, dht if dht is not None else dh0, dh, dv, dh0,
-        index.chunk_start, index.chunk_len, index.doc_chunk_offsets, float(scale),
+        q, k, W, G, do, dv_local, dht if dht is not None else dh0,
+        dh if store else dh0, dv if store else dh0, dh0,
+        index.chunk_start, index.chunk_len, index.doc_chunk_offsets,
+        need if need is not None else index.doc_chunk_offsets, float(scale),
         H=H, HV=HV, K=K, V=V, GROUP=group, BT=index.chunk_size,
-        BK=cfg["BK"], BV=cfg["BV"], USE_DHT=dht is not None, DOT_PREC=dot_precision(k.dtype),
+        BK=cfg["BK"], BV=cfg["BV"], USE_DHT=dht is not None, HAS_NEED=need is not None,
+        STORE=store, DOT_PREC=dot_precision(k.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return dh, dv, dh0

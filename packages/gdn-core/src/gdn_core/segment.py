@@ -1,0 +1,855 @@
+"""Fixed-size segments: the deterministic path's unit of parallelism and of context parallelism.
+
+Every document is cut into segments of ``S`` tokens from its start (``S`` a
+multiple of the chunk size; the last segment may be short; a document of at
+most ``S`` tokens is one segment). A segment is an affine map of the state it
+starts from, ``S_out = M S_in + E`` (DESIGN §3), so the forward runs in three
+phases:
+
+1. **summaries** — every segment that has a successor gets ``(E, M)`` in one
+   launch of :func:`~gdn_core.ops.chunk_state.chunk_state_fwd` over
+   segment-level "documents" with the state ``[E | M]`` (``U' = [U | 0]``,
+   ``h0 = [0 | I]``, width ``V + K``). ``M`` is skipped where nobody reads it
+   (a document's first segment without an initial state);
+2. **fold** — per document, in segment order, with the fixed-order IEEE-fp32
+   fold of :mod:`gdn_core.kcp.fold` (:func:`~gdn_core.kcp.fold.fold_chain`):
+   ``S_in(j+1) = M_j S_in(j) + E_j`` (``S_in(1) = E_0`` without an initial
+   state). Each step's bits are :func:`~gdn_core.kcp.fold.fold_step`'s,
+   whatever the number of segments or documents folded at once;
+3. **main** — every segment's chunk recurrence and output in parallel from its
+   entry state: the ordinary kernels with segment-level ``cu_seqlens`` and
+   ``initial_state`` = the entry states.
+
+The backward mirrors it: a first reverse pass with zero incoming gradient
+gives each segment's own initial-state gradient ``P_j`` (a document's last
+segment takes ``dht``), the transposed fold gives ``dS_in(j) = M_jᵀ dS_in(j+1)
++ P_j`` from the last segment down, and the ordinary backward of all segments
+runs in parallel with ``dht`` = the next segment's ``dS_in``.
+
+Segments sit on the chunk grid, so the chunk-local stages see the very chunks
+of the document-level run, and every segment is an independent set of
+programs (Triton) or of torch ops of its own shapes (reference backend): its
+bits depend on its inputs only — not on which rank, call or batch of segments
+runs it. That is what makes the context-parallel path of a segment plan
+(:mod:`gdn_core.kcp.compose`, ``boundary="segment"``) bitwise equal to the
+single-rank path for any number of ranks: each rank runs these same functions
+on its own segments, with the summaries of the other ranks' segments of its
+documents (exchanged) prepended to its fold chains.
+
+A layout in which every document is one segment and nothing continues
+(:attr:`SegmentLayout.trivial`) needs no summary, fold or first pass: the
+functions here then run exactly the plain chunked path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+
+from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
+from gdn_core.compose import GDNGrads, GDNSaved
+
+__all__ = [
+    "DEFAULT_SEGMENT_SIZE",
+    "Chains",
+    "SegmentBackward",
+    "SegmentForward",
+    "SegmentLayout",
+    "backward_chains",
+    "first_document_saved",
+    "forward_chains",
+    "resolve_segment_size",
+    "segment_bwd",
+    "segment_bwd_begin",
+    "segment_bwd_finish",
+    "segment_bwd_fold",
+    "segment_fwd",
+    "segment_fwd_begin",
+    "segment_fwd_finish",
+    "segment_fwd_fold",
+]
+
+DEFAULT_SEGMENT_SIZE = 1024
+
+
+def resolve_segment_size(segment_size: int | None, chunk_size: int = CHUNK_SIZE) -> int:
+    """``None`` → :data:`DEFAULT_SEGMENT_SIZE`; ``0`` → no segmentation (one
+    segment per document); else a positive multiple of ``chunk_size``."""
+    if segment_size is None:
+        return DEFAULT_SEGMENT_SIZE
+    if (
+        isinstance(segment_size, bool)
+        or not isinstance(segment_size, int)
+        or segment_size < 0
+        or segment_size % chunk_size
+    ):
+        raise ValueError(
+            f"segment_size must be 0 (no segments) or a positive multiple of the chunk size "
+            f"{chunk_size}, got {segment_size!r}"
+        )
+    return segment_size
+
+
+# ------------------------------------------------------------------ layout --
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """The segments of a (rank's) packed token axis — host-side, built once per layout.
+
+    Attributes:
+        segment_size: ``S`` (``0``: one segment per document).
+        doc_offsets: documents (a rank's fragments) on the flat axis, ``[N+1]``.
+        seg_offsets: segment boundaries, ``[nseg+1]``. A zero-length document
+            has one zero-length segment.
+        doc_segs: ``[N+1]``, the segments of document ``d`` are
+            ``doc_segs[d] .. doc_segs[d+1]-1``.
+        first_continues: the first document continues one that started on an
+            earlier rank (its first segment is not the document's first).
+        last_continues: the last document goes on on a later rank.
+        has_h0: the documents start from given initial states.
+    """
+
+    segment_size: int
+    doc_offsets: tuple[int, ...]
+    seg_offsets: tuple[int, ...]
+    doc_segs: tuple[int, ...]
+    first_continues: bool = False
+    last_continues: bool = False
+    has_h0: bool = False
+
+    @classmethod
+    def build(cls, doc_offsets, segment_size: int, *, first_continues: bool = False,
+              last_continues: bool = False, has_h0: bool = False) -> SegmentLayout:
+        offs = tuple(int(x) for x in doc_offsets)
+        S = int(segment_size)
+        seg, doc_segs = [offs[0]], [0]
+        for a, b in zip(offs[:-1], offs[1:]):
+            if S and b - a > S:
+                seg.extend(range(a + S, b, S))
+            seg.append(b)
+            doc_segs.append(len(seg) - 1)
+        N = len(offs) - 1
+        if (first_continues or last_continues) and N == 0:
+            raise ValueError("a layout without documents cannot continue across ranks")
+        return cls(S, offs, tuple(seg), tuple(doc_segs), bool(first_continues),
+                   bool(last_continues), bool(has_h0))
+
+    @property
+    def num_docs(self) -> int:
+        return len(self.doc_offsets) - 1
+
+    @property
+    def num_segments(self) -> int:
+        return len(self.seg_offsets) - 1
+
+    @cached_property
+    def seg_doc(self) -> tuple[int, ...]:
+        out = []
+        for d in range(self.num_docs):
+            out.extend([d] * (self.doc_segs[d + 1] - self.doc_segs[d]))
+        return tuple(out)
+
+    @cached_property
+    def is_first(self) -> tuple[bool, ...]:
+        """Segment ``j`` is its document's first (globally: not a continuation)."""
+        out = [False] * self.num_segments
+        for d in range(self.num_docs):
+            if not (d == 0 and self.first_continues):
+                out[self.doc_segs[d]] = True
+        return tuple(out)
+
+    @cached_property
+    def is_last(self) -> tuple[bool, ...]:
+        """Segment ``j`` is its document's last (globally)."""
+        out = [False] * self.num_segments
+        for d in range(self.num_docs):
+            if not (d == self.num_docs - 1 and self.last_continues):
+                out[self.doc_segs[d + 1] - 1] = True
+        return tuple(out)
+
+    @cached_property
+    def need_E(self) -> tuple[bool, ...]:
+        """Segments whose ``E`` the fold reads (those with a successor)."""
+        return tuple(not x for x in self.is_last)
+
+    @cached_property
+    def need_M(self) -> tuple[bool, ...]:
+        """Segments whose ``M`` a fold reads (forward: a successor and an entry
+        state that is not zero; the backward reads a subset)."""
+        return tuple(e and (not f or self.has_h0) for e, f in zip(self.need_E, self.is_first))
+
+    @cached_property
+    def need_P(self) -> tuple[bool, ...]:
+        """Segments whose own initial-state gradient the backward fold reads."""
+        return tuple(not f for f in self.is_first)
+
+    @property
+    def trivial(self) -> bool:
+        """One segment per document and nothing continuing: the plain path."""
+        return (self.num_segments == self.num_docs and not self.first_continues
+                and not self.last_continues)
+
+    @cached_property
+    def first_rows(self) -> tuple[int, ...]:
+        """``doc_segs[d]`` for every document."""
+        return self.doc_segs[:-1]
+
+    @cached_property
+    def last_rows(self) -> tuple[int, ...]:
+        """The last segment of every document."""
+        return tuple(b - 1 for b in self.doc_segs[1:])
+
+    def index(self, device) -> ChunkIndex:
+        """The segment-level chunk table (same chunks as the document-level one)."""
+        return ChunkIndex.build(list(self.seg_offsets), device)
+
+
+@dataclass(frozen=True)
+class Chains:
+    """Host tables of one :func:`~gdn_core.kcp.fold.fold_chain` call.
+
+    ``rows``: rows of the output buffer (the ``nseg`` per-segment rows first,
+    then scratch rows for remote steps); ``extra_row``: the exit state
+    (forward) or the first segment's ``dS_in`` (backward), when asked for.
+    """
+
+    items: tuple[int, ...]
+    prev: tuple[int, ...]
+    dst: tuple[int, ...]
+    ptr: tuple[int, ...]
+    rows: int
+    extra_row: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return not self.items
+
+
+def forward_chains(layout: SegmentLayout, *, n_remote: int = 0, seeded_first: bool = False,
+                   want_exit: bool = False) -> Chains:
+    """Chains of the forward fold. Output row ``j`` = entry state of segment ``j``.
+
+    Pool rows: local segments ``0..nseg-1``, then ``n_remote`` rows of earlier
+    ranks' segments of the first document, in document order (its first
+    segment first). With ``seeded_first`` row 0 holds the first document's
+    entry state instead (the ring). Seed rows (written by the caller): the
+    first segment of each document (zero or ``h0``; ignored without ``h0``).
+    """
+    L = layout
+    nseg, N = L.num_segments, L.num_docs
+    rows = nseg
+    items: list[int] = []
+    prev: list[int] = []
+    dst: list[int] = []
+    ptr = [0]
+    extra = None
+    for d in range(N):
+        a, b = L.doc_segs[d], L.doc_segs[d + 1]
+        p = -1
+        if d == 0 and L.first_continues:
+            if n_remote:
+                for i in range(n_remote):
+                    if i == n_remote - 1:
+                        t = a
+                    else:
+                        t, rows = rows, rows + 1
+                    items.append(nseg + i)
+                    prev.append(p)
+                    dst.append(t)
+                    p = t
+            elif seeded_first:
+                p = a
+            else:
+                raise ValueError("the first document continues: give remote summaries or a seed")
+        elif L.has_h0:
+            p = a
+        last_j = b - 1 if (d == N - 1 and L.last_continues and want_exit) else b - 2
+        for j in range(a, last_j + 1):
+            if j + 1 < b:
+                t = j + 1
+            else:
+                t, rows = rows, rows + 1
+                extra = t
+            items.append(j)
+            prev.append(p)
+            dst.append(t)
+            p = t
+        if len(items) > ptr[-1]:
+            ptr.append(len(items))
+    return Chains(tuple(items), tuple(prev), tuple(dst), tuple(ptr), rows, extra)
+
+
+def backward_chains(layout: SegmentLayout, *, n_remote: int = 0, seeded_last: bool = False,
+                    want_first: bool = False) -> Chains:
+    """Chains of the backward fold. Output row ``j`` = ``D(j) = dS_in(j+1)``,
+    the gradient of segment ``j``'s final state.
+
+    Pool rows: local segments, then ``n_remote`` rows of later ranks' segments
+    of the last document in reverse document order (its last segment first).
+    With ``seeded_last`` row ``nseg-1`` holds that gradient instead (the
+    ring). Seed rows (written by the caller): each document's last segment
+    (``dht`` or zero). ``want_first``: also the first segment's ``dS_in``.
+    """
+    L = layout
+    nseg, N = L.num_segments, L.num_docs
+    rows = nseg
+    items: list[int] = []
+    prev: list[int] = []
+    dst: list[int] = []
+    ptr = [0]
+    extra = None
+    for d in range(N):
+        a, b = L.doc_segs[d], L.doc_segs[d + 1]
+        p = -1
+        if d == N - 1 and L.last_continues:
+            if n_remote:
+                for i in range(n_remote):
+                    if i == n_remote - 1:
+                        t = b - 1
+                    else:
+                        t, rows = rows, rows + 1
+                    items.append(nseg + i)
+                    prev.append(p)
+                    dst.append(t)
+                    p = t
+            elif seeded_last:
+                p = b - 1
+            else:
+                raise ValueError("the last document continues: give remote summaries or a seed")
+        lo = a if (d == 0 and L.first_continues and want_first) else a + 1
+        for j in range(b - 1, lo - 1, -1):
+            if j - 1 >= a:
+                t = j - 1
+            else:
+                t, rows = rows, rows + 1
+                extra = t
+            items.append(j)
+            prev.append(p)
+            dst.append(t)
+            p = t
+        if len(items) > ptr[-1]:
+            ptr.append(len(items))
+    return Chains(tuple(items), tuple(prev), tuple(dst), tuple(ptr), rows, extra)
+
+
+def _run_chains(ch: Chains, pool_E, pool_M, out, transpose: bool) -> None:
+    from gdn_core.kcp.fold import fold_chain
+
+    if not ch.empty:
+        fold_chain(pool_E, pool_M, out, ch.items, ch.prev, ch.dst, ch.ptr, transpose=transpose)
+
+
+def _state_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _rows_tensor(rows, device) -> torch.Tensor:
+    return torch.tensor(list(rows), dtype=torch.int64, device=device)
+
+
+# ----------------------------------------------------------------- forward --
+
+
+@dataclass(eq=False)
+class SegmentForward:
+    """A segment forward between its phases (:func:`segment_fwd_begin`,
+    :func:`segment_fwd_fold`, :func:`segment_fwd_finish`)."""
+
+    layout: SegmentLayout
+    backend: str
+    deterministic: bool
+    shapes: Any
+    scale: float
+    l2: bool
+    inputs: tuple  # q, k, v, g, beta as given
+    initial_state: torch.Tensor | None
+    index: ChunkIndex | None = None
+    # triton intermediates (flat)
+    q_used: torch.Tensor | None = None
+    k_used: torch.Tensor | None = None
+    q_rstd: torch.Tensor | None = None
+    k_rstd: torch.Tensor | None = None
+    G: torch.Tensor | None = None
+    W: torch.Tensor | None = None
+    U: torch.Tensor | None = None
+    summ: torch.Tensor | None = None  # [nseg, HV, K, V+K] = [E | M]
+    S_in: torch.Tensor | None = None  # [nseg, HV, K, V] entry states (None: trivial)
+    _out: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        return _state_dtype(self.inputs[0].dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.inputs[2].device
+
+    def export_rows(self, a: int, b: int) -> torch.Tensor | None:
+        """``[E | M]`` of segments ``a..b-1`` (what a later rank's fold reads)."""
+        return None if self.summ is None else self.summ[a:b]
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _as_packed(x: torch.Tensor) -> torch.Tensor:
+    return x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
+                      use_qk_l2norm_in_kernel: bool, initial_state: torch.Tensor | None,
+                      backend: str, deterministic: bool, shapes, index: ChunkIndex | None = None
+                      ) -> SegmentForward:
+    """Phase 1: the chunk-local stages and every needed segment summary.
+
+    Inputs as :func:`gdn_core.compose.chunk_gdn_fwd` (validated by the caller);
+    ``layout`` over their flat token axis; ``index``: the layout's chunk table
+    on the device (built here when ``None``; triton backend).
+    """
+    st = SegmentForward(layout, backend, deterministic, shapes, float(scale),
+                        bool(use_qk_l2norm_in_kernel), (q, k, v, g, beta), initial_state)
+    L = layout
+    s = shapes
+    want = [int(e) | (int(m) << 1) for e, m in zip(L.need_E, L.need_M)]
+    if backend == "reference":
+        if any(want):
+            st.summ = _reference_summaries(st)
+        return st
+
+    from gdn_core.ops.chunk_state import chunk_state_fwd
+    from gdn_core.ops.cumsum import chunk_cumsum_fwd
+    from gdn_core.ops.l2norm import l2norm_fwd
+    from gdn_core.ops.wy import wy_fwd
+
+    if index is None:
+        index = L.index(v.device)
+    st.index = index
+    qf, kf, vf, gf, bf = (_flat(x) for x in (q, k, v, g, beta))
+    if st.l2:
+        st.q_used, st.q_rstd = l2norm_fwd(qf)
+        st.k_used, st.k_rstd = l2norm_fwd(kf)
+    else:
+        st.q_used, st.k_used = qf, kf
+    st.G = chunk_cumsum_fwd(gf, index)
+    _, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group, output_A_inv=False)
+    if any(want):
+        need = None if all(w == 3 for w in want) else torch.tensor(
+            want, dtype=torch.int32).to(vf.device, non_blocking=True)
+        _, _, st.summ = chunk_state_fwd(
+            st.k_used, st.W, st.U, st.G, index, s.group, output_final_state=True,
+            store_states=False, state_width=s.V + s.K, identity_state=True,
+            store_v_new=False, need=need,
+        )
+    return st
+
+
+def _reference_prepared(st):
+    from gdn_core.reference import _prepare
+
+    q, k, v, g, beta = (_as_packed(x) for x in st.inputs)
+    _, k, v, g, beta, _ = _prepare(q, k, v, g, beta, st.scale, st.l2)
+    return _flat(k), _flat(v), _flat(g), _flat(beta)
+
+
+def _reference_summaries(st: SegmentForward) -> torch.Tensor:
+    from gdn_core.reference import chunk_cumsum_ref, chunk_states_ref, wy_ref
+
+    L = st.layout
+    k, v, g, beta = _reference_prepared(st)
+    T, HV, K = k.shape
+    bounds = list(zip(L.seg_offsets[:-1], L.seg_offsets[1:]))
+    G = chunk_cumsum_ref(g, bounds)
+    _, W, U = wy_ref(k, v, beta, G, bounds)
+    Uz = torch.cat([U, U.new_zeros(T, HV, K)], dim=-1)
+    init = k.new_zeros(L.num_segments, HV, K, U.shape[-1] + K)
+    init[..., U.shape[-1]:] = torch.eye(K, dtype=k.dtype, device=k.device)
+    _, _, summ = chunk_states_ref(k, W, Uz, G, bounds, init)
+    return summ
+
+
+def segment_fwd_fold(st: SegmentForward, *, remote: torch.Tensor | None = None,
+                     seed: torch.Tensor | None = None, want_exit: bool = False
+                     ) -> torch.Tensor | None:
+    """Phase 2: fold the summaries into every segment's entry state (``st.S_in``).
+
+    ``remote``: ``[n, HV, K, V+K]`` summaries ``[E | M]`` of the first
+    document's segments held by earlier ranks, in order (all-gather);
+    ``seed``: that document's state entering this rank (ring). Returns the
+    state leaving the last segment when ``want_exit`` (the ring's send), else
+    ``None``.
+    """
+    L = st.layout
+    s = st.shapes
+    if L.trivial:
+        st.S_in = None
+        return None
+    n_remote = 0 if remote is None else remote.shape[0]
+    ch = forward_chains(L, n_remote=n_remote, seeded_first=seed is not None,
+                        want_exit=want_exit)
+    dev, sd = st.device, st.state_dtype
+    nseg = L.num_segments
+    out = torch.zeros(ch.rows, s.HV, s.K, s.V, dtype=sd, device=dev)
+    if st.initial_state is not None:
+        docs = [d for d in range(L.num_docs) if not (d == 0 and L.first_continues)]
+        if docs:
+            out[_rows_tensor([L.first_rows[d] for d in docs], dev)] = \
+                st.initial_state[_rows_tensor(docs, dev)].to(sd)
+    if seed is not None:
+        out[0] = seed.to(sd)
+    pool = st.summ
+    if remote is not None and n_remote:
+        local = pool if pool is not None else remote.new_zeros(nseg, *remote.shape[1:])
+        pool = torch.cat([local, remote.to(sd)])
+    if pool is not None:
+        _run_chains(ch, pool[..., : s.V], pool[..., s.V:], out, transpose=False)
+    st._out = out
+    st.S_in = out[:nseg]
+    return out[ch.extra_row] if (want_exit and ch.extra_row is not None) else None
+
+
+def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved]:
+    """Phase 3: every segment's recurrence and output from its entry state.
+
+    Returns ``(o [B,T,HV,V], final [N,HV,K,V] or None, saved)``.
+    """
+    L, s = st.layout, st.shapes
+    q, k, v, g, beta = st.inputs
+    init = st.S_in if st.S_in is not None else st.initial_state
+    if st.backend == "reference":
+        from gdn_core.reference import chunk_gdn_reference
+
+        with torch.no_grad():
+            o, fin = chunk_gdn_reference(
+                _as_packed(q), _as_packed(k), _as_packed(v), _as_packed(g), _as_packed(beta),
+                scale=st.scale, initial_state=init, output_final_state=output_final_state,
+                cu_seqlens=list(L.seg_offsets), use_qk_l2norm_in_kernel=st.l2,
+            )
+        o = o.reshape(s.B, s.T, s.HV, s.V).to(v.dtype)
+        saved = GDNSaved(st.deterministic, "reference", s, st.scale, st.l2, q, k, v, g, beta,
+                         st.initial_state, segments=L, seg_states=st.S_in, seg_summ=st.summ)
+    else:
+        from gdn_core.ops.chunk_state import chunk_state_fwd
+        from gdn_core.ops.output import chunk_output_fwd
+
+        h, v_new, fin = chunk_state_fwd(
+            st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
+            output_final_state=output_final_state, store_states=True,
+        )
+        o = chunk_output_fwd(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
+        o = o.reshape(s.B, s.T, s.HV, s.V)
+        saved = GDNSaved(
+            st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, _flat(v),
+            _flat(g), _flat(beta), st.initial_state, index=st.index, G=st.G,
+            q_rstd=st.q_rstd, k_rstd=st.k_rstd, segments=L, seg_states=st.S_in,
+            seg_summ=st.summ,
+        )
+    final = None
+    if output_final_state:
+        final = fin if L.trivial else fin[_rows_tensor(L.last_rows, fin.device)]
+    return o, final, saved
+
+
+def segment_fwd(q, k, v, g, beta, *, layout, scale, use_qk_l2norm_in_kernel, initial_state,
+                output_final_state, backend, deterministic, shapes, index=None):
+    """The single-rank segment forward: the three phases with nothing exchanged."""
+    st = segment_fwd_begin(q, k, v, g, beta, layout=layout, scale=scale,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                           initial_state=initial_state, backend=backend,
+                           deterministic=deterministic, shapes=shapes, index=index)
+    segment_fwd_fold(st)
+    return segment_fwd_finish(st, output_final_state=output_final_state)
+
+
+# ---------------------------------------------------------------- backward --
+
+
+@dataclass(eq=False)
+class SegmentBackward:
+    """A segment backward between its phases (:func:`segment_bwd_begin`,
+    :func:`segment_bwd_fold`, :func:`segment_bwd_finish`)."""
+
+    saved: GDNSaved
+    do: torch.Tensor
+    dht: torch.Tensor | None
+    deterministic: bool
+    workspace: Any = None
+    P: torch.Tensor | None = None  # [nseg, HV, K, V] own initial-state gradients
+    D: torch.Tensor | None = None  # [nseg, HV, K, V] final-state gradients (None: dht)
+    # triton intermediates
+    A_inv: torch.Tensor | None = None
+    W: torch.Tensor | None = None
+    h: torch.Tensor | None = None
+    v_new: torch.Tensor | None = None
+    dv_local: torch.Tensor | None = None
+    do_flat: torch.Tensor | None = None
+
+    @property
+    def layout(self) -> SegmentLayout:
+        return self.saved.segments
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        return _state_dtype(self.saved.q.dtype)
+
+    def export_rows(self, a: int, b: int) -> torch.Tensor:
+        """``[P | M]`` of segments ``a..b-1`` (what an earlier rank's fold reads)."""
+        s = self.saved.shapes
+        out = torch.zeros(b - a, s.HV, s.K, s.V + s.K, dtype=self.state_dtype,
+                          device=self.do.device)
+        if self.P is not None:
+            out[..., : s.V] = self.P[a:b]
+        if self.saved.seg_summ is not None:
+            out[..., s.V:] = self.saved.seg_summ[a:b, ..., s.V:]
+        return out
+
+
+def _doc_last_dht(L: SegmentLayout, dht: torch.Tensor | None, rows: int,
+                  sd: torch.dtype) -> torch.Tensor | None:
+    """``[rows, HV, K, V]`` zeros with ``dht[d]`` in each document's last segment row."""
+    if dht is None:
+        return None
+    out = dht.new_zeros(rows, *dht.shape[1:], dtype=sd)
+    docs = [d for d in range(L.num_docs) if not (d == L.num_docs - 1 and L.last_continues)]
+    if docs:
+        out[_rows_tensor([L.last_rows[d] for d in docs], out.device)] = \
+            dht[_rows_tensor(docs, out.device)].to(sd)
+    return out
+
+
+def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | None = None, *,
+                      deterministic: bool, workspace: Any = None) -> SegmentBackward:
+    """Phase 1 of the backward: recompute what the reverse passes need and run
+    the first pass (each segment's own initial-state gradient ``P``).
+
+    ``do: [B,T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None`` (checked by the caller).
+    """
+    L = saved.segments
+    bst = SegmentBackward(saved, do, dht, deterministic, workspace)
+    s = saved.shapes
+    need = [int(x) for x in L.need_P]
+    sd = bst.state_dtype
+    init = saved.seg_states if saved.seg_states is not None else saved.initial_state
+    if saved.backend == "reference":
+        if any(need) and not L.trivial:
+            D0 = _doc_last_dht(L, dht, L.num_segments, sd)
+            bst.P = _reference_state_grad(saved, do, init, D0)
+        return bst
+
+    from gdn_core.ops.backward import (
+        BackwardWorkspace,
+        DetBackwardWorkspace,
+        NonDetBackwardWorkspace,
+    )
+    from gdn_core.ops.chunk_state import chunk_state_fwd
+    from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
+    from gdn_core.ops.dv_local import dv_local_bwd
+    from gdn_core.ops.wy import wy_fwd
+    from gdn_core.typed import require_instance
+
+    index = saved.index
+    q, k, v, beta, G = saved.q, saved.k, saved.v, saved.beta, saved.G
+    T, H, K = k.shape
+    group = s.group
+    bst.do_flat = _flat(do).to(k.dtype).contiguous()
+    shape_kw = dict(T=T, H=H, HV=s.HV, K=K, V=s.V, num_chunks=index.num_chunks,
+                    num_docs=s.num_docs, dtype=k.dtype, device=k.device)
+    if workspace is None:
+        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic)
+    else:
+        expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
+        require_instance(workspace, expected, "workspace")
+        workspace.check(deterministic=deterministic, **shape_kw)
+    bst.workspace = workspace
+    ws = workspace.views(T, s.HV, K, s.V, index.num_chunks, k.dtype)
+    if G is None:
+        from gdn_core.ops.cumsum import chunk_cumsum_fwd
+
+        G = chunk_cumsum_fwd(saved.g.contiguous(), index)
+        saved.G = G
+    bst.A_inv, bst.W, U = wy_fwd(k, v, beta, G, index, group)
+    bst.h, bst.v_new, _ = chunk_state_fwd(k, bst.W, U, G, index, group, initial_state=init,
+                                          output_final_state=False, store_states=True)
+    bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
+                                out=ws["dv_local"])
+    if any(need) and not L.trivial:
+        D0 = _doc_last_dht(L, dht, L.num_segments, sd)
+        flags = None if all(need) else torch.tensor(need, dtype=torch.int32).to(
+            k.device, non_blocking=True)
+        _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
+                                      saved.scale, index, group, store=False, need=flags)
+    return bst
+
+
+def _reference_state_grad(saved: GDNSaved, do, init, D0) -> torch.Tensor:
+    """Reference backend: the gradient w.r.t. every segment's entry state."""
+    from gdn_core.reference import chunk_gdn_reference
+
+    L = saved.segments
+    ins = [_as_packed(x).detach() for x in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
+    h0 = init.detach().requires_grad_(True)
+    with torch.enable_grad():
+        o, fin = chunk_gdn_reference(
+            *ins, scale=saved.scale, initial_state=h0, output_final_state=D0 is not None,
+            cu_seqlens=list(L.seg_offsets), use_qk_l2norm_in_kernel=saved.use_qk_l2norm_in_kernel,
+        )
+        outs, grads = [o], [_as_packed(do).to(o.dtype)]
+        if D0 is not None:
+            outs.append(fin)
+            grads.append(D0.to(fin.dtype))
+        (dh0,) = torch.autograd.grad(outs, [h0], grads, allow_unused=True)
+    if dh0 is None:
+        dh0 = torch.zeros_like(h0)
+    return dh0.to(_state_dtype(saved.q.dtype))
+
+
+def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None,
+                     seed: torch.Tensor | None = None, want_first: bool = False
+                     ) -> torch.Tensor | None:
+    """Phase 2: fold ``dS_in(j) = M_jᵀ dS_in(j+1) + P_j`` from each document's
+    last segment down, giving every segment's final-state gradient (``bst.D``).
+
+    ``remote``: ``[n, HV, K, V+K]`` rows ``[P | M]`` of the last document's
+    segments held by later ranks, last segment first (all-gather); ``seed``:
+    the gradient w.r.t. the state leaving this rank's last segment (ring).
+    Returns the first segment's ``dS_in`` when ``want_first`` (the ring's
+    send), else ``None``.
+    """
+    L = bst.layout
+    saved = bst.saved
+    s = saved.shapes
+    if L.trivial:
+        bst.D = None
+        return None
+    n_remote = 0 if remote is None else remote.shape[0]
+    ch = backward_chains(L, n_remote=n_remote, seeded_last=seed is not None,
+                         want_first=want_first)
+    sd = bst.state_dtype
+    dev = bst.do.device
+    nseg = L.num_segments
+    out = torch.zeros(ch.rows, s.HV, s.K, s.V, dtype=sd, device=dev)
+    if bst.dht is not None:
+        out[:nseg] = _doc_last_dht(L, bst.dht, nseg, sd)
+    if seed is not None:
+        out[nseg - 1] = seed.to(sd)
+    if not ch.empty:
+        P = bst.P if bst.P is not None else out.new_zeros(nseg, s.HV, s.K, s.V)
+        summ = saved.seg_summ
+        M = summ[..., s.V:] if summ is not None else out.new_zeros(nseg, s.HV, s.K, s.K)
+        if n_remote:
+            E_pool = torch.cat([P, remote[..., : s.V].to(sd)])
+            M_pool = torch.cat([M, remote[..., s.V:].to(sd)])
+        else:
+            E_pool, M_pool = P, M
+        _run_chains(ch, E_pool, M_pool, out, transpose=True)
+    bst.D = out[:nseg]
+    return out[ch.extra_row] if (want_first and ch.extra_row is not None) else None
+
+
+def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
+    """Phase 3: the full backward of every segment with ``dht = D``."""
+    saved = bst.saved
+    L, s = saved.segments, saved.shapes
+    D = bst.D if bst.D is not None else bst.dht
+    init = saved.seg_states if saved.seg_states is not None else saved.initial_state
+    want_h0 = saved.initial_state is not None
+    if saved.backend == "reference":
+        dq, dk, dv, dg, dbeta, dh0 = _reference_grads(saved, bst.do, D, init)
+    else:
+        from gdn_core.ops.backward import backward_from_recompute
+
+        l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None
+        dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
+            saved.q, saved.k, saved.v, saved.beta, saved.G, bst.A_inv, bst.W, bst.h, bst.v_new,
+            scale=saved.scale, index=saved.index, do=bst.do_flat, dht=D,
+            g_dtype=saved.g.dtype, deterministic=bst.deterministic, workspace=bst.workspace,
+            dqk_dtype=torch.float32 if l2 else None, dv_local=bst.dv_local,
+            num_docs=s.num_docs,
+        )
+        if l2:
+            from gdn_core.ops.l2norm import l2norm_bwd
+
+            dq = l2norm_bwd(saved.q, saved.q_rstd, dq).to(saved.q.dtype)
+            dk = l2norm_bwd(saved.k, saved.k_rstd, dk).to(saved.k.dtype)
+        B, T = s.B, s.T
+        dq, dk = dq.reshape(B, T, s.H, s.K), dk.reshape(B, T, s.H, s.K)
+        dv = dv.reshape(B, T, s.HV, s.V)
+        dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
+    if want_h0:
+        if not L.trivial:
+            dh0 = dh0[_rows_tensor(L.first_rows, dh0.device)]
+    else:
+        dh0 = None
+    return GDNGrads(dq, dk, dv, dg, dbeta, dh0)
+
+
+def _reference_grads(saved: GDNSaved, do, dht, init):
+    """Autograd through the fp32 chunked reference over the segments."""
+    from gdn_core.reference import chunk_gdn_reference
+
+    L = saved.segments
+    leaves = [x.detach().requires_grad_(True)
+              for x in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
+    h0 = None if init is None else init.detach().requires_grad_(True)
+    with torch.enable_grad():
+        o, final = chunk_gdn_reference(
+            *(_as_packed(x) for x in leaves), scale=saved.scale, initial_state=h0,
+            output_final_state=dht is not None, cu_seqlens=list(L.seg_offsets),
+            use_qk_l2norm_in_kernel=saved.use_qk_l2norm_in_kernel,
+        )
+        outs, grads = [o], [_as_packed(do).to(o.dtype)]
+        if dht is not None:
+            outs.append(final)
+            grads.append(dht.to(final.dtype))
+        wrt = leaves + ([h0] if h0 is not None else [])
+        got = torch.autograd.grad(outs, wrt, grads, allow_unused=True)
+    got = [torch.zeros_like(w) if d is None else d for d, w in zip(got, wrt)]
+    dq, dk, dv, dg, dbeta = (d.to(x.dtype) for d, x in zip(got[:5], leaves))
+    dh0 = got[5].to(_state_dtype(saved.q.dtype)) if h0 is not None else None
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def segment_bwd(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | None = None, *,
+                deterministic: bool, workspace: Any = None) -> GDNGrads:
+    """The single-rank segment backward: the three phases with nothing exchanged."""
+    bst = segment_bwd_begin(saved, do, dht, deterministic=deterministic, workspace=workspace)
+    segment_bwd_fold(bst)
+    return segment_bwd_finish(bst)
+
+
+def first_document_saved(saved: GDNSaved, length: int) -> GDNSaved:
+    """The saved set of document 0 alone (its first ``length`` tokens) with the
+    same segments, entry states and summaries — for a backward of that
+    document with a zero final-state gradient (the KCP ``"chunk"``-policy
+    pass-through ranks)."""
+    import dataclasses
+
+    L = saved.segments
+    n0 = L.doc_segs[1]
+    sub = SegmentLayout.build((0, length), L.segment_size, has_h0=saved.initial_state is not None)
+    if sub.num_segments != n0:  # pragma: no cover - the same grid by construction
+        raise ValueError("first document's segments do not match")
+    s = saved.shapes
+    shapes = dataclasses.replace(s, B=1, T=length, offsets=(0, length))
+    if saved.backend == "reference":
+        def cut(x):
+            return None if x is None else _as_packed(x)[:, :length]
+        index = None
+    else:
+        def cut(x):
+            return None if x is None else x[:length]
+        index = sub.index(saved.v.device)
+    return dataclasses.replace(
+        saved, shapes=shapes, q=cut(saved.q), k=cut(saved.k), v=cut(saved.v), g=cut(saved.g),
+        beta=cut(saved.beta), G=cut(saved.G), q_rstd=cut(saved.q_rstd),
+        k_rstd=cut(saved.k_rstd),
+        initial_state=None if saved.initial_state is None else saved.initial_state[:1],
+        index=index, segments=sub,
+        seg_states=None if sub.trivial or saved.seg_states is None else saved.seg_states[:n0],
+        seg_summ=None if saved.seg_summ is None else saved.seg_summ[:n0],
+    )
