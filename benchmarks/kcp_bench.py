@@ -216,7 +216,11 @@ def global_offsets(args: argparse.Namespace) -> list[int]:
 
 
 def make_plan(api: Api, args: argparse.Namespace) -> Any:
-    return api.kcp_attr("partition")(global_offsets(args), args.world, boundary=args.boundary)
+    extra = {}
+    if args.boundary == "segment" and args.segment_size is not None:
+        extra["segment_size"] = args.segment_size
+    return api.kcp_attr("partition")(global_offsets(args), args.world, boundary=args.boundary,
+                                     **extra)
 
 
 def make_problem(api: Api, args: argparse.Namespace, device: torch.device) -> Problem:
@@ -628,8 +632,11 @@ def parse_args(spec: PackageSpec, argv: list[str] | None) -> argparse.Namespace:
                    help="arm(s), comma-separated: local (single-rank kernel per shard, no "
                         "state passing), kcp (all-gather), ring (point-to-point); "
                         "default all three")
-    p.add_argument("--boundary", choices=("even", "chunk", "doc"), default="chunk",
-                   help="partition policy (default chunk)")
+    p.add_argument("--boundary", choices=("even", "chunk", "doc", "segment"), default="chunk",
+                   help="partition policy (default chunk; segment: cuts on fixed segments, "
+                        "bits independent of the world size)")
+    p.add_argument("--segment-size", type=int, default=None,
+                   help="segment size of --boundary segment (default: the package's, 1024)")
     p.add_argument("--seqlen", type=int, default=None,
                    help="total tokens of the packed sequence (default 65536 on CUDA; "
                         "required on the CPU)")
@@ -730,7 +737,8 @@ def main(package: str, script: str, argv: list[str] | None = None) -> int:
         },
         "config": {
             "package": spec.key, "package_title": spec.title, "base": args.base,
-            "boundary": args.boundary, "seqlen": args.seqlen, "docs": args.docs,
+            "boundary": args.boundary, "segment_size": args.segment_size,
+            "seqlen": args.seqlen, "docs": args.docs,
             "world": args.world, "simulate": args.simulate, "heads": args.heads,
             "hv": args.hv, "dim": args.dim, "dtype": common.dtype_name(args.dtype),
             "qk_l2norm_in_kernel": args.qk_l2norm_in_kernel, "warmup": args.warmup,
