@@ -200,9 +200,12 @@ def _kcp_fold_chain_kernel(
 
 
 def fold_chain_config(K: int, V: int) -> dict[str, int]:
-    """Pinned launch configuration of the chain kernel (the bits do not depend on it)."""
+    """Pinned launch configuration of the chain kernel (the bits do not depend on it:
+    every output element is its own sequential sum). The chain is latency-bound —
+    one program per (column block, head, chain) walks all its steps — so the
+    blocks are narrow: more programs, fewer products per thread and step."""
     BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 16 if BK >= 128 else 32)
+    BV = min(triton.next_power_of_2(V), 8 if BK >= 128 else 16)
     return {"BK": BK, "BV": BV, "num_warps": 4}
 
 
