@@ -155,3 +155,41 @@ def test_gloo_segment_worlds_under_the_triton_interpreter(world_size):
         _assert_equal(_gathered([r["out"] for r in ranks]), single, what)
         if case.get("simulate"):
             _assert_equal(ranks[0]["simulated"], single, what + " (simulated)")
+
+
+def test_other_policies_with_segments_inside_ranks():
+    """Other policies keep their guarantees when fragments are longer than a
+    segment (the local path then runs segments; the pass-through rank's extra
+    backward slices its saved segments): close to one rank, and world 1 bitwise."""
+    boundary, world = "even", 3
+    case = dict(offsets=[0, 30, 3330, 3400], boundary=boundary, exchange="ring", l2=True)
+    t = W.make_inputs(case)
+    ins = [t[n] for n in ("q", "k", "v", "g", "beta")]
+    from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
+
+    o_ref, _, saved = chunk_gdn_fwd(*ins, cu_seqlens=case["offsets"], deterministic=True,
+                                    use_qk_l2norm_in_kernel=True, backend="reference")
+    assert saved.segments is not None  # a 3300-token document: four 1024-token segments
+    g_ref = chunk_gdn_bwd(saved, t["do"], deterministic=True)
+    ref = {"o": o_ref, **{n: getattr(g_ref, n) for n in OUTS[1:]}}
+    for w in (1, world):
+        plan = kcp.partition_det_kcp(case["offsets"], w, boundary=boundary)
+        tabs = [plan.rank_table(r) for r in range(w)]
+        if w > 1:  # a pass-through rank holding two segments of the long document
+            assert tabs[1].passthrough and plan.num_tokens(1) > 1024
+        ctxs = kcp.build_simulated_contexts_det_kcp(plan)
+        sh = [[W.shard(t[n], plan, r) for r in range(w)] for n in ("q", "k", "v", "g", "beta")]
+        for exchange in ("allgather",) if w == 1 else ("ring",):
+            os_, saveds = kcp.chunk_gdn_det_fwd_kcp_simulated(
+                *sh, ctxs, exchange=exchange, use_qk_l2norm_in_kernel=True)
+            grads = kcp.chunk_gdn_det_bwd_kcp_simulated(
+                saveds, [W.shard(t["do"], plan, r) for r in range(w)])
+            got = _gathered([{"o": o, **{n: getattr(g, n) for n in OUTS[1:]}}
+                             for o, g in zip(os_, grads)])
+            if w == 1:
+                _assert_equal(got, ref, f"{boundary} world 1 {exchange}")
+                continue
+            for n in OUTS:
+                scale = max(1.0, ref[n].abs().max().item())
+                torch.testing.assert_close(got[n], ref[n], rtol=1e-5, atol=1e-5 * scale,
+                                           msg=f"{boundary} world {w} {exchange} {n}")
