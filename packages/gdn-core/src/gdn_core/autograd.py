@@ -25,6 +25,7 @@ import torch
 
 from gdn_core.chunking import CHUNK_SIZE
 from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
+from gdn_core.custom_ops import register_handle
 from gdn_core.gate import gate_bwd, gate_fwd, validate_gate_params
 from gdn_core.segment import resolve_segment_size
 from gdn_core.typed import TypedSaved, TypedWorkspace, mode_name
@@ -36,6 +37,7 @@ __all__ = [
     "TrainWorkspace",
     "TrainGrads",
     "gated_gdn_fwd",
+    "validate_gated_inputs",
     "gated_gdn_bwd",
     "train_fwd",
     "train_bwd",
@@ -174,6 +176,7 @@ class TrainWorkspace(TypedWorkspace):
             layout={"H": H, "HV": HV, "K": K, "V": V, "chunk_size": chunk_size},
         )
         self.dtype = dtype
+        register_handle(self)  # custom ops reach the workspace through a handle
         self.core: Any = None
         self._core_backend_checked = False
         try:
@@ -247,6 +250,32 @@ class TrainWorkspace(TypedWorkspace):
 # --------------------------------------------------------------------------
 
 
+def validate_gated_inputs(
+    q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None,
+    use_gate_in_kernel=False, A_log=None, dt_bias=None, backend=None,
+    workspace: TrainWorkspace | None = None, segment_size: int | None = None,
+) -> tuple[GDNShapes, str]:
+    """Every argument check of :func:`gated_gdn_fwd` → ``(shapes, backend)``."""
+    shapes = validate_gdn_inputs(
+        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+        allow_float64=True,
+    )
+    if not isinstance(use_gate_in_kernel, bool):
+        raise TypeError(
+            f"use_gate_in_kernel must be a bool, got {type(use_gate_in_kernel).__name__}"
+        )
+    if use_gate_in_kernel:
+        validate_gate_params(g, A_log, dt_bias, shapes.HV)
+    elif A_log is not None or dt_bias is not None:
+        raise ValueError("A_log and dt_bias are used only with use_gate_in_kernel=True")
+    resolve_segment_size(segment_size)
+    # resolve the backend now so a bad device/dtype combination fails before the gate runs
+    chosen = resolve_backend(q.device, q.dtype, backend)
+    if workspace is not None:
+        workspace.check_shapes(shapes, v.device, q.dtype, chosen)
+    return shapes, chosen
+
+
 def gated_gdn_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -265,32 +294,22 @@ def gated_gdn_fwd(
     deterministic: bool,
     backend: str | None = None,
     workspace: TrainWorkspace | None = None,
+    index: Any = None,
     segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved, GateSaved | None]:
-    """Validate, apply the optional gate, run :func:`chunk_gdn_fwd`
-    (``segment_size``: see :mod:`gdn_core.segment`).
+    """Validate, apply the optional gate, run :func:`chunk_gdn_fwd`.
 
     Returns ``(o, final_state, core_saved, gate_saved)``. All argument checks
     (inputs, gate parameters, and ``workspace``'s size/device if given) run
-    before any computation.
+    before any computation. ``index``: a prebuilt chunk index of ``cu_seqlens``
+    (e.g. a :class:`gdn_core.layout.PaddedChunkIndex`), passed on.
+    ``segment_size``: see :mod:`gdn_core.segment` (``None``: the default).
     """
-    shapes = validate_gdn_inputs(
+    shapes, chosen = validate_gated_inputs(
         q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        allow_float64=True,
+        use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, backend=backend,
+        workspace=workspace, segment_size=segment_size,
     )
-    if not isinstance(use_gate_in_kernel, bool):
-        raise TypeError(
-            f"use_gate_in_kernel must be a bool, got {type(use_gate_in_kernel).__name__}"
-        )
-    if use_gate_in_kernel:
-        validate_gate_params(g, A_log, dt_bias, shapes.HV)
-    elif A_log is not None or dt_bias is not None:
-        raise ValueError("A_log and dt_bias are used only with use_gate_in_kernel=True")
-    resolve_segment_size(segment_size)
-    # resolve the backend now so a bad device/dtype combination fails before the gate runs
-    chosen = resolve_backend(q.device, q.dtype, backend)
-    if workspace is not None:
-        workspace.check_shapes(shapes, v.device, q.dtype, chosen)
     offsets = list(shapes.offsets) if cu_seqlens is not None else None
     gate = None
     g_used = g
@@ -301,7 +320,7 @@ def gated_gdn_fwd(
         q, k, v, g_used, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=offsets,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, deterministic=deterministic,
-        backend=chosen, segment_size=segment_size,
+        backend=chosen, index=index, segment_size=segment_size,
     )
     return o, final, core, gate
 

@@ -148,6 +148,34 @@ def _lag_masks(offsets: list[int] | None, T: int, W: int, device, dtype) -> list
     return masks
 
 
+def _lag_masks_from_pos(doc_pos: torch.Tensor, x: torch.Tensor, W: int, dtype) -> list | None:
+    """:func:`_lag_masks` from a device tensor: ``doc_pos [T]``, each token's position in
+    its document (as kept by :class:`gdn_core.layout.VarlenLayout`). Device ops only
+    (no host data of the layout), so a CUDA graph replays it for another layout."""
+    B, T, _ = x.shape
+    if B != 1:
+        raise ValueError(f"doc_pos requires batch size B == 1 (packed documents), got B={B}")
+    if not isinstance(doc_pos, torch.Tensor) or tuple(doc_pos.shape) != (T,) \
+            or doc_pos.dtype not in (torch.int32, torch.int64) or doc_pos.device != x.device:
+        raise ValueError(f"doc_pos must be an int32/int64 tensor of shape ({T},) on {x.device}")
+    if W == 1:
+        return None
+    pos = doc_pos.to(torch.int64)
+    first = pos == torch.arange(T, dtype=torch.int64, device=pos.device)
+    masks = [None]
+    for j in range(1, W):
+        masks.append(((pos >= j) | first).to(dtype).unsqueeze(-1))
+    return masks
+
+
+def _masks(offsets, doc_pos, x, W, dt):
+    if doc_pos is not None:
+        if offsets is not None:
+            raise ValueError("pass cu_seqlens or doc_pos, not both")
+        return _lag_masks_from_pos(doc_pos, x, W, dt)
+    return _lag_masks(offsets, x.shape[1], W, x.device, dt)
+
+
 def _pre_activation(xpad, w, bias, T, W, masks, dt):
     B, _, D = xpad.shape
     acc = bias.to(dt).expand(B, T, D).clone() if bias is not None else xpad.new_zeros(B, T, D)
@@ -174,18 +202,21 @@ def causal_conv1d_fwd(
     halo: torch.Tensor | None = None,
     *,
     deterministic: bool = False,
+    doc_pos: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Forward: ``y [B, T, D]`` in ``x``'s dtype. See the module docstring.
 
     (The forward has no cross-token reduction; ``deterministic`` is accepted
-    for symmetry with the backward.)
+    for symmetry with the backward.) ``doc_pos`` (instead of ``cu_seqlens``):
+    each token's position in its document, a device tensor ``[T]`` — the
+    document masks are then made on the device (same bits).
     """
     del deterministic
     offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
     B, T, D = x.shape
     W = weight.shape[1]
     dt = _compute_dtype(x, weight, bias, halo)
-    masks = _lag_masks(offsets, T, W, x.device, dt)
+    masks = _masks(offsets, doc_pos, x, W, dt)
     pre = _pre_activation(_padded(x, halo, W, dt), weight.to(dt), bias, T, W, masks, dt)
     y = torch.nn.functional.silu(pre) if activation is not None else pre
     return y.to(x.dtype)
@@ -201,12 +232,13 @@ def causal_conv1d_bwd(
     halo: torch.Tensor | None = None,
     *,
     deterministic: bool,
+    doc_pos: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Backward: ``(dx, dweight, dbias, dhalo)``.
 
     ``dbias`` is ``None`` without ``bias``; ``dhalo`` (``[B, W-1, D]``) is
     ``None`` without ``halo``. ``dweight``/``dbias`` are token reductions in a
-    fixed order when ``deterministic``.
+    fixed order when ``deterministic``. ``doc_pos``: as in :func:`causal_conv1d_fwd`.
     """
     offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
     if not isinstance(dy, torch.Tensor):
@@ -217,7 +249,7 @@ def causal_conv1d_bwd(
     B, T, D = x.shape
     W = weight.shape[1]
     dt = _compute_dtype(x, weight, bias, halo)
-    masks = _lag_masks(offsets, T, W, x.device, dt)
+    masks = _masks(offsets, doc_pos, x, W, dt)
     xpad = _padded(x, halo, W, dt)
     w = weight.to(dt)
     dpre = dy.to(dt)

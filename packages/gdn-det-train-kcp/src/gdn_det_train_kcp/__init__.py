@@ -30,6 +30,7 @@ from gdn_det_train_kcp.plan import (
     build_context_det_kcp,
     build_simulated_contexts_det_kcp,
     partition_det_kcp,
+    update_context_det_kcp,
 )
 
 __version__ = "0.1.0"
@@ -53,6 +54,7 @@ __all__ = [
     "chunk_gdn_det_fwd_kcp",
     "chunk_gdn_det_fwd_kcp_simulated",
     "partition_det_kcp",
+    "update_context_det_kcp",
 ]
 
 # Zero-argument entry points the import-independence checker runs.

@@ -16,6 +16,7 @@ same order; a rank without tokens takes part and launches no kernel.
 from __future__ import annotations
 
 import torch
+from gdn_core.custom_ops import register_handle
 from gdn_core.kcp.compose import (
     KCPGradsBase,
     KCPSavedBase,
@@ -25,7 +26,7 @@ from gdn_core.kcp.compose import (
     kcp_forward,
     kcp_forward_simulated,
 )
-from torch.autograd.function import once_differentiable
+from gdn_core.kcp_ops import KCPOps, define_kcp_ops
 
 from gdn_det_train_kcp.plan import DetKCPContext
 
@@ -69,8 +70,17 @@ class DetKCPWorkspace(KCPWorkspaceBase):
 
     deterministic = True
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        register_handle(self)  # the custom ops reach it through a handle
+
 
 _TYPES = dict(saved_cls=DetKCPSavedSet, workspace_cls=DetKCPWorkspace, grads_cls=DetKCPGrads)
+
+# the package's custom ops (torch.ops.gdn_det_train_kcp.kcp_*); the differentiable calls
+# route through them (torch.compile(fullgraph=True) traces them whole)
+_OPS: KCPOps = define_kcp_ops("gdn_det_train_kcp", deterministic=True, context_cls=DetKCPContext,
+                              **_TYPES)
 
 
 def chunk_gdn_det_fwd_kcp(
@@ -118,24 +128,6 @@ def chunk_gdn_det_bwd_kcp(
     return kcp_backward(saved, do, workspace, deterministic=True, **_TYPES)
 
 
-class _DetKCPFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(fctx, q, k, v, g, beta, context, scale, l2, exchange, backend, workspace):
-        o, saved = chunk_gdn_det_fwd_kcp(q, k, v, g, beta, context, scale=scale,
-                                         use_qk_l2norm_in_kernel=l2, exchange=exchange,
-                                         backend=backend)
-        fctx.kcp_saved = saved
-        fctx.kcp_workspace = workspace
-        return o
-
-    @staticmethod
-    @once_differentiable
-    def backward(fctx, do):
-        saved, fctx.kcp_saved = fctx.kcp_saved, None
-        grads = chunk_gdn_det_bwd_kcp(saved, do.contiguous(), fctx.kcp_workspace)
-        return (*grads.as_tuple(), None, None, None, None, None, None)
-
-
 def chunk_gated_delta_rule_det_kcp(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -156,8 +148,10 @@ def chunk_gated_delta_rule_det_kcp(
     every rank's ``o`` must take part in the loss (or be backpropagated
     through) so that all ranks run it.
     """
-    return _DetKCPFunction.apply(q, k, v, g, beta, context, scale, use_qk_l2norm_in_kernel,
-                                 exchange, backend, workspace)
+    return _OPS.chunk_gated_delta_rule(q, k, v, g, beta, context, scale=scale,
+                                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                       exchange=exchange, backend=backend,
+                                       workspace=workspace)
 
 
 # ------------------------------------------------------------ simulated world --
@@ -182,37 +176,11 @@ def chunk_gdn_det_bwd_kcp_simulated(saveds, dos, workspaces=None) -> list[DetKCP
     return kcp_backward_simulated(saveds, dos, workspaces, deterministic=True, **_TYPES)
 
 
-class _DetKCPSimFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(fctx, contexts, scale, l2, exchange, backend, *flat):
-        W = len(contexts)
-        qs, ks, vs, gs, bs = (list(flat[i * W:(i + 1) * W]) for i in range(5))
-        os, saveds = chunk_gdn_det_fwd_kcp_simulated(
-            qs, ks, vs, gs, bs, contexts, scale=scale, use_qk_l2norm_in_kernel=l2,
-            exchange=exchange, backend=backend)
-        fctx.kcp_saved = saveds
-        return tuple(os)
-
-    @staticmethod
-    @once_differentiable
-    def backward(fctx, *dos):
-        saveds, fctx.kcp_saved = fctx.kcp_saved, None
-        grads = chunk_gdn_det_bwd_kcp_simulated(saveds, [d.contiguous() for d in dos])
-        per_input = [[getattr(gr, n) for gr in grads] for n in ("dq", "dk", "dv", "dg", "dbeta")]
-        return (None,) * 5 + tuple(x for xs in per_input for x in xs)
-
-
 def chunk_gated_delta_rule_det_kcp_simulated(qs, ks, vs, gs, betas, *, contexts, scale=None,
                                              use_qk_l2norm_in_kernel=False,
                                              exchange="allgather", backend=None):
     """Differentiable simulated world: every rank's shard in one process → ``[o]``."""
-    W = len(contexts)
-    flat = [x for xs in (qs, ks, vs, gs, betas) for x in _list(xs, W)]
-    return list(_DetKCPSimFunction.apply(tuple(contexts), scale, use_qk_l2norm_in_kernel,
-                                         exchange, backend, *flat))
-
-
-def _list(xs, W):
-    if not isinstance(xs, (list, tuple)) or len(xs) != W:
-        raise ValueError(f"expected a list of {W} tensors (one per rank)")
-    return list(xs)
+    return _OPS.chunk_gated_delta_rule_simulated(
+        qs, ks, vs, gs, betas, contexts, scale=scale,
+        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,
+        backend=backend)

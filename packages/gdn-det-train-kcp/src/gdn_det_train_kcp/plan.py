@@ -10,8 +10,10 @@ from typing import Any
 
 import torch
 from gdn_core.chunking import CHUNK_SIZE
+from gdn_core.custom_ops import register_handle
 from gdn_core.kcp.context import KCPContext, build_context, build_simulated_contexts
 from gdn_core.kcp.plan import DEFAULT_DOC_SLACK, Fragment, KCPPlan, RankTable, partition
+from gdn_core.kcp_ops import attach_static_layout, rebind_static_context
 
 __all__ = [
     "DetKCPContext",
@@ -21,6 +23,7 @@ __all__ = [
     "build_context_det_kcp",
     "build_simulated_contexts_det_kcp",
     "partition_det_kcp",
+    "update_context_det_kcp",
 ]
 
 
@@ -85,6 +88,8 @@ def build_context_det_kcp(
     group: Any = None,
     device: torch.device | str | None = None,
     conv_kernel_size: int | None = None,
+    max_docs: int | None = None,
+    max_chunks: int | None = None,
 ) -> DetKCPContext:
     """Rank ``rank``'s :class:`DetKCPContext` of ``plan``.
 
@@ -95,10 +100,31 @@ def build_context_det_kcp(
     ``device``: where this rank's tensors live (default: the current CUDA
     device with NCCL, else the CPU). ``conv_kernel_size`` prebuilds the conv
     halo tables (else built at the first conv call).
+
+    ``max_docs`` (world of one only) makes the context *static*, for CUDA
+    graphs: the differentiable calls then run over fixed-size device tables of
+    up to ``max_docs`` documents and ``max_chunks`` chunks (default: enough for
+    any layout of the shard's length), and :func:`update_context_det_kcp` points
+    the same context — the same device buffers — at the next batch's plan
+    (see :mod:`gdn_core.kcp_ops`).
     """
-    return build_context(plan, rank, group=group, device=device,
-                         conv_kernel_size=conv_kernel_size, plan_cls=DetKCPPlan,
-                         context_cls=DetKCPContext)
+    ctx = build_context(plan, rank, group=group, device=device,
+                        conv_kernel_size=conv_kernel_size, plan_cls=DetKCPPlan,
+                        context_cls=DetKCPContext)
+    if max_docs is not None or max_chunks is not None:
+        if max_docs is None:
+            raise ValueError("max_chunks needs max_docs (a static context's document capacity)")
+        attach_static_layout(ctx, max_docs=max_docs, max_chunks=max_chunks)
+    register_handle(ctx)  # the custom ops reach the context through a handle
+    return ctx
+
+
+def update_context_det_kcp(context: DetKCPContext, plan: DetKCPPlan) -> DetKCPContext:
+    """Point a static context (``build_context_det_kcp(..., max_docs=...)``) at ``plan``
+    — a world of one over the same number of tokens, within the capacities — in
+    place, so that a training step captured in a CUDA graph with the old plan
+    replays for the new one. Returns ``context``. Not during a capture."""
+    return rebind_static_context(context, plan, plan_cls=DetKCPPlan, context_cls=DetKCPContext)
 
 
 def build_simulated_contexts_det_kcp(
@@ -109,5 +135,8 @@ def build_simulated_contexts_det_kcp(
 ) -> list[DetKCPContext]:
     """The contexts of *all* ranks of ``plan`` for a simulated world in one process
     (no process group): run them with the ``*_simulated`` functions."""
-    return build_simulated_contexts(plan, device=device, conv_kernel_size=conv_kernel_size,
+    ctxs = build_simulated_contexts(plan, device=device, conv_kernel_size=conv_kernel_size,
                                     plan_cls=DetKCPPlan, context_cls=DetKCPContext)
+    for ctx in ctxs:
+        register_handle(ctx)
+    return ctxs

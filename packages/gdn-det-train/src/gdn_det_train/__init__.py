@@ -10,8 +10,13 @@ Triton interpreter with ``TRITON_INTERPRET=1``).
 * :func:`chunk_gdn_det_fwd` / :func:`chunk_gdn_det_bwd` with
   :class:`DetSavedSet`, :class:`DetWorkspace`, :class:`DetGrads` — the split
   API for frameworks that drive forward and backward themselves.
+* :class:`VarlenLayout` — documents with fixed-size device tables
+  (``cu_seqlens=`` for ``torch.compile`` and CUDA graphs, see
+  :mod:`gdn_core.layout`).
 * :func:`causal_conv1d_det` — the short convolution in front of the kernel.
 """
+
+from gdn_core.layout import VarlenLayout
 
 from gdn_det_train._typed import DetGrads, DetSavedSet, DetWorkspace
 from gdn_det_train.api import chunk_gated_delta_rule_det, chunk_gdn_det_bwd, chunk_gdn_det_fwd
@@ -20,6 +25,7 @@ from gdn_det_train.conv import causal_conv1d_det
 __version__ = "0.1.0"
 
 __all__ = [
+    "VarlenLayout",
     "DetGrads",
     "DetSavedSet",
     "DetWorkspace",

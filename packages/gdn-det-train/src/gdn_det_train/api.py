@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import torch
-from gdn_core.autograd import chunk_gdn_autograd, train_bwd, train_fwd
+from gdn_core.autograd import train_bwd, train_fwd
+from gdn_core.layout import VarlenLayout
 from gdn_core.typed import require_instance
 
 from gdn_det_train._typed import DetGrads, DetSavedSet, DetWorkspace
+from gdn_det_train.ops import OPS
 
 __all__ = ["chunk_gated_delta_rule_det", "chunk_gdn_det_fwd", "chunk_gdn_det_bwd"]
 
@@ -20,7 +22,7 @@ def chunk_gated_delta_rule_det(
     scale: float | None = None,
     initial_state: torch.Tensor | None = None,
     output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | list[int] | None = None,
+    cu_seqlens: torch.Tensor | list[int] | VarlenLayout | None = None,
     use_qk_l2norm_in_kernel: bool = False,
     *,
     use_gate_in_kernel: bool = False,
@@ -33,7 +35,9 @@ def chunk_gated_delta_rule_det(
 
     Shapes: ``q, k: [B,T,H,K]``, ``v: [B,T,HV,V]`` (``HV`` a multiple of ``H``),
     ``g, beta: [B,T,HV]``, ``initial_state: [N,HV,K,V]``, ``cu_seqlens: [N+1]``
-    (packed documents, ``B == 1``). ``g`` is the log-decay, or with
+    (packed documents, ``B == 1``; a list, a tensor — a CPU one under
+    ``torch.compile`` — or a :class:`gdn_core.layout.VarlenLayout` with
+    fixed-size device tables for CUDA graphs). ``g`` is the log-decay, or with
     ``use_gate_in_kernel=True`` the raw gate input, turned into
     ``−exp(A_log)·softplus(g + dt_bias)`` (``A_log, dt_bias: [HV]``) inside.
 
@@ -47,16 +51,20 @@ def chunk_gated_delta_rule_det(
     folded in a fixed fp32 order, then run in parallel (the speed-up for long
     documents). The bits depend on it: ``gdn_det_train_kcp`` with
     ``partition_det_kcp(..., boundary="segment", segment_size=S)`` gives these
-    very bits for any number of ranks.
+    very bits for any number of ranks. A :class:`~gdn_core.layout.VarlenLayout`
+    runs without segments (``segment_size`` must be ``None`` or ``0``).
+
+    Traced by ``torch.compile(fullgraph=True)`` without a graph break: it runs
+    the custom op ``torch.ops.gdn_det_train.chunk_gated_delta_rule`` (see
+    :mod:`gdn_core.train_ops`).
     """
     if workspace is not None:
         require_instance(workspace, DetWorkspace, "workspace")
-    return chunk_gdn_autograd(
+    return OPS.chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-        A_log=A_log, dt_bias=dt_bias, deterministic=True, workspace=workspace,
-        segment_size=segment_size,
+        A_log=A_log, dt_bias=dt_bias, workspace=workspace, segment_size=segment_size,
     )
 
 

@@ -31,6 +31,7 @@ from gdn_train_kcp.plan import (
     build_context_kcp,
     build_simulated_contexts_kcp,
     partition_kcp,
+    update_context_kcp,
 )
 
 __version__ = "0.1.0"
@@ -54,6 +55,7 @@ __all__ = [
     "chunk_gdn_fwd_kcp",
     "chunk_gdn_fwd_kcp_simulated",
     "partition_kcp",
+    "update_context_kcp",
 ]
 
 # Zero-argument entry points the import-independence checker runs.

@@ -10,10 +10,12 @@ from typing import Any
 
 import torch
 from gdn_core.chunking import CHUNK_SIZE
+from gdn_core.custom_ops import register_handle
 from gdn_core.kcp.context import KCPContext as CoreKCPContext
 from gdn_core.kcp.context import build_context, build_simulated_contexts
 from gdn_core.kcp.plan import DEFAULT_DOC_SLACK, Fragment, RankTable, partition
 from gdn_core.kcp.plan import KCPPlan as CoreKCPPlan
+from gdn_core.kcp_ops import attach_static_layout, rebind_static_context
 
 __all__ = [
     "KCPContext",
@@ -23,6 +25,7 @@ __all__ = [
     "build_context_kcp",
     "build_simulated_contexts_kcp",
     "partition_kcp",
+    "update_context_kcp",
 ]
 
 
@@ -87,6 +90,8 @@ def build_context_kcp(
     group: Any = None,
     device: torch.device | str | None = None,
     conv_kernel_size: int | None = None,
+    max_docs: int | None = None,
+    max_chunks: int | None = None,
 ) -> KCPContext:
     """Rank ``rank``'s :class:`KCPContext` of ``plan``.
 
@@ -97,10 +102,31 @@ def build_context_kcp(
     ``device``: where this rank's tensors live (default: the current CUDA
     device with NCCL, else the CPU). ``conv_kernel_size`` prebuilds the conv
     halo tables (else built at the first conv call).
+
+    ``max_docs`` (world of one only) makes the context *static*, for CUDA
+    graphs: the differentiable calls then run over fixed-size device tables of
+    up to ``max_docs`` documents and ``max_chunks`` chunks (default: enough for
+    any layout of the shard's length), and :func:`update_context_kcp` points
+    the same context — the same device buffers — at the next batch's plan
+    (see :mod:`gdn_core.kcp_ops`).
     """
-    return build_context(plan, rank, group=group, device=device,
-                         conv_kernel_size=conv_kernel_size, plan_cls=KCPPlan,
-                         context_cls=KCPContext)
+    ctx = build_context(plan, rank, group=group, device=device,
+                        conv_kernel_size=conv_kernel_size, plan_cls=KCPPlan,
+                        context_cls=KCPContext)
+    if max_docs is not None or max_chunks is not None:
+        if max_docs is None:
+            raise ValueError("max_chunks needs max_docs (a static context's document capacity)")
+        attach_static_layout(ctx, max_docs=max_docs, max_chunks=max_chunks)
+    register_handle(ctx)  # the custom ops reach the context through a handle
+    return ctx
+
+
+def update_context_kcp(context: KCPContext, plan: KCPPlan) -> KCPContext:
+    """Point a static context (``build_context_kcp(..., max_docs=...)``) at ``plan``
+    — a world of one over the same number of tokens, within the capacities — in
+    place, so that a training step captured in a CUDA graph with the old plan
+    replays for the new one. Returns ``context``. Not during a capture."""
+    return rebind_static_context(context, plan, plan_cls=KCPPlan, context_cls=KCPContext)
 
 
 def build_simulated_contexts_kcp(
@@ -111,5 +137,8 @@ def build_simulated_contexts_kcp(
 ) -> list[KCPContext]:
     """The contexts of *all* ranks of ``plan`` for a simulated world in one process
     (no process group): run them with the ``*_simulated`` functions."""
-    return build_simulated_contexts(plan, device=device, conv_kernel_size=conv_kernel_size,
+    ctxs = build_simulated_contexts(plan, device=device, conv_kernel_size=conv_kernel_size,
                                     plan_cls=KCPPlan, context_cls=KCPContext)
+    for ctx in ctxs:
+        register_handle(ctx)
+    return ctxs

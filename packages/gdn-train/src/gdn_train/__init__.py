@@ -13,6 +13,8 @@ the Triton interpreter with ``TRITON_INTERPRET=1``).
 * :func:`causal_conv1d` — the short convolution in front of the kernel.
 """
 
+from gdn_core.layout import VarlenLayout
+
 from gdn_train._typed import Grads, SavedSet, Workspace
 from gdn_train.api import chunk_gated_delta_rule, chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_train.conv import causal_conv1d
@@ -20,6 +22,7 @@ from gdn_train.conv import causal_conv1d
 __version__ = "0.1.0"
 
 __all__ = [
+    "VarlenLayout",
     "Grads",
     "SavedSet",
     "Workspace",

@@ -1,0 +1,133 @@
+"""GPU tests (``pytest -m gpu``): the compiled block on the Triton kernels, and a
+training step captured in a CUDA graph replayed for new document layouts.
+
+* ``torch.compile(fullgraph=True)`` of conv → GDN → projection: ``aot_eager``
+  gives eager's bits, ``inductor`` eager's values (it may fuse the projection
+  and the loss differently) and repeats its own bits; no graph break.
+* With a :class:`VarlenLayout` (fixed-size device tables), a whole step is
+  captured once; per batch the inputs are copied into the captured tensors and
+  ``layout.update(...)`` copies the new documents into the same tables; the
+  replay must give the bits of an eager step with plain ``cu_seqlens`` (and
+  ``segment_size=0``: a layout runs without segments).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gdn_det_train import VarlenLayout, causal_conv1d_det, chunk_gated_delta_rule_det
+from torch._dynamo.utils import counters
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+T, H, HV, K, V, W = 2048, 2, 4, 128, 128, 4
+D = 2 * H * K + HV * V
+LAYOUTS = ([0, 100, 1000, 2048], [0, 700, 701, 1500, 1999, 2048], [0, 2048])
+
+
+def make_params(seed, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    p = dict(
+        x=torch.randn(1, T, D, generator=gen),
+        g=-0.5 * torch.rand(1, T, HV, generator=gen),
+        beta=torch.rand(1, T, HV, generator=gen),
+        w=torch.randn(D, W, generator=gen) * 0.4,
+        b=torch.randn(D, generator=gen) * 0.1,
+        P=torch.randn(256, HV * V, generator=gen) * 0.05,
+    )
+    return {n: t.to("cuda", dtype) for n, t in p.items()}
+
+
+def block(x, g, beta, w, b, P, cu, seg=None):
+    y = causal_conv1d_det(x, w, b, "silu", cu)
+    q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+    o, _ = chunk_gated_delta_rule_det(
+        q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V), g, beta,
+        cu_seqlens=cu, use_qk_l2norm_in_kernel=True, segment_size=seg)
+    return o.reshape(1, T, HV * V) @ P.T
+
+
+def step(fn, params, cu, seg=None):
+    leaves = [t.clone().requires_grad_() for t in params.values()]
+    out = fn(*leaves, cu, seg)
+    (out * out).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    torch.use_deterministic_algorithms(before)
+
+
+def _equal(a, b):
+    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_compiled_block_on_triton():
+    params = make_params(0)
+    for backend in ("aot_eager", "inductor"):
+        torch._dynamo.reset()
+        compiled = torch.compile(block, fullgraph=True, backend=backend)
+        for offs in LAYOUTS:
+            cu = torch.tensor(offs, dtype=torch.int32)  # host offsets (CPU): no sync
+            got, again = step(compiled, params, cu), step(compiled, params, cu)
+            want = step(block, params, cu)
+            assert _equal(got, again), (backend, offs)
+            if backend == "aot_eager":
+                assert _equal(got, want), offs
+            else:
+                for a, c in zip(got, want, strict=True):
+                    torch.testing.assert_close(a.float(), c.float(), rtol=2e-2, atol=2e-2)
+            lay = VarlenLayout(offs, device="cuda", max_docs=8)  # runs segment_size=0
+            plain = step(compiled, params, cu, 0)
+            assert _equal(step(compiled, params, lay), plain), (backend, offs)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+def test_cuda_graph_training_step_replays_new_layouts(compiled):
+    fn = torch.compile(block, fullgraph=True, backend="aot_eager") if compiled else block
+    batches = [make_params(10 + i) for i in range(len(LAYOUTS))]
+    layout = VarlenLayout(LAYOUTS[0], device="cuda", max_docs=8)
+    static = {n: t.clone().requires_grad_() for n, t in batches[0].items()}
+
+    def run():
+        out = fn(*static.values(), layout, None)
+        (out * out).sum().backward()
+        return out.detach()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in static.values():
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+
+    for offs, batch in zip(LAYOUTS, batches):
+        layout.update(offs)
+        with torch.no_grad():
+            for n, t in static.items():
+                t.copy_(batch[n])
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [out.clone()] + [t.grad.clone() for t in static.values()]
+        want = step(block, batch, torch.tensor(offs), 0)
+        assert _equal(got, want), offs

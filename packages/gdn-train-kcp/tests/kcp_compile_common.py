@@ -1,0 +1,97 @@
+"""A small GDN block (short conv → KCP GDN → projection) for the compile tests.
+
+Loaded by path by the tests and by the gloo worker processes (not a test
+module). Every rank's block: ``x [1,T_r,D]`` → causal conv with the halo
+exchange → q, k, v → the KCP GDN → a projection.
+"""
+
+from __future__ import annotations
+
+import gdn_train_kcp as kcp
+import torch
+
+H, HV, K, V, W = 1, 2, 16, 16, 4
+D = 2 * H * K + HV * V
+
+
+def make_params(T: int, seed: int = 0, device="cpu", dtype=torch.float32) -> dict:
+    gen = torch.Generator().manual_seed(seed)
+    p = dict(
+        x=torch.randn(1, T, D, generator=gen),
+        g=-0.5 * torch.rand(1, T, HV, generator=gen),
+        beta=torch.rand(1, T, HV, generator=gen),
+        w=torch.randn(D, W, generator=gen) * 0.4,
+        b=torch.randn(D, generator=gen) * 0.1,
+        P=torch.randn(8, HV * V, generator=gen) * 0.2,
+    )
+    return {n: t.to(device=device, dtype=dtype) for n, t in p.items()}
+
+
+def shard(t: torch.Tensor, plan, rank: int) -> torch.Tensor:
+    start, stop = plan.token_range(rank)
+    return t[:, start:stop].contiguous()
+
+
+def rank_block(x, g, beta, w, b, P, context, exchange="allgather"):
+    T = x.shape[1]
+    y = kcp.causal_conv1d_kcp(x, w, b, context, "silu")
+    q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+    o = kcp.chunk_gated_delta_rule_kcp(
+        q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V), g, beta,
+        context=context, use_qk_l2norm_in_kernel=True, exchange=exchange)
+    return o.reshape(1, T, HV * V) @ P.T
+
+
+def world_block(xs, gs, betas, w, b, P, contexts, exchange="allgather"):
+    ys = kcp.causal_conv1d_kcp_simulated(xs, w, b, contexts, "silu")
+    qs, ks, vs = [], [], []
+    for y in ys:
+        T = y.shape[1]
+        q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+        qs.append(q.reshape(1, T, H, K))
+        ks.append(k.reshape(1, T, H, K))
+        vs.append(v.reshape(1, T, HV, V))
+    os_ = kcp.chunk_gated_delta_rule_kcp_simulated(
+        qs, ks, vs, gs, betas, contexts=contexts, use_qk_l2norm_in_kernel=True,
+        exchange=exchange)
+    return [o.reshape(1, o.shape[1], HV * V) @ P.T for o in os_]
+
+
+def rank_step(fn, params: dict, plan, rank: int, context, exchange="allgather") -> list:
+    """One rank's forward + backward; returns the output and every gradient."""
+    leaves = {n: (shard(t, plan, rank) if n in ("x", "g", "beta") else t.clone())
+              .requires_grad_() for n, t in params.items()}
+    out = fn(*leaves.values(), context, exchange)
+    (out * out).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves.values()]
+
+
+def world_step(fn, params: dict, plan, contexts, exchange="allgather") -> list:
+    """Every rank of a simulated world: outputs and gradients (sharded ones per rank)."""
+    R = plan.world_size
+    sh = {n: [shard(params[n], plan, r).requires_grad_() for r in range(R)]
+          for n in ("x", "g", "beta")}
+    rep = {n: params[n].clone().requires_grad_() for n in ("w", "b", "P")}
+    outs = fn(sh["x"], sh["g"], sh["beta"], rep["w"], rep["b"], rep["P"], contexts, exchange)
+    sum((o * o).sum() for o in outs).backward()
+    return ([o.detach() for o in outs] + [t.grad for n in ("x", "g", "beta") for t in sh[n]]
+            + [rep[n].grad for n in ("w", "b", "P")])
+
+
+def compile_worker(rank: int, world_size: int, payload: dict) -> dict:
+    """Gloo worker: the compiled rank block against the eager one, for each layout."""
+    from torch._dynamo.utils import counters
+
+    torch.use_deterministic_algorithms(True)
+    torch._dynamo.reset()
+    compiled = torch.compile(rank_block, fullgraph=True, backend="aot_eager")
+    equal = []
+    for offs in payload["layouts"]:
+        plan = kcp.partition_kcp(offs, world_size, boundary="even")
+        ctx = kcp.build_context_kcp(plan, rank, conv_kernel_size=W)
+        params = make_params(offs[-1], seed=payload["seed"])
+        got = rank_step(compiled, params, plan, rank, ctx, payload["exchange"])
+        want = rank_step(rank_block, params, plan, rank, ctx, payload["exchange"])
+        equal.append(all(torch.equal(a, c) for a, c in zip(got, want)))
+    return {"equal": equal, "breaks": len(counters["graph_break"]),
+            "graphs": counters["stats"]["unique_graphs"]}

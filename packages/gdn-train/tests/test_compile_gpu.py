@@ -1,0 +1,123 @@
+"""GPU tests (``pytest -m gpu``): the compiled block on the Triton kernels, and a
+training step captured in a CUDA graph replayed for new document layouts.
+
+* ``torch.compile(fullgraph=True)`` of conv → GDN → projection (``aot_eager``,
+  ``inductor``) gives eager's values (this package promises no bits); no
+  graph break.
+* With a :class:`VarlenLayout` (fixed-size device tables), a whole step is
+  captured once; per batch the inputs are copied into the captured tensors and
+  ``layout.update(...)`` copies the new documents into the same tables; the
+  replay must give the values of an eager step with plain ``cu_seqlens``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from gdn_train import VarlenLayout, causal_conv1d, chunk_gated_delta_rule
+from torch._dynamo.utils import counters
+
+os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+T, H, HV, K, V, W = 2048, 2, 4, 128, 128, 4
+D = 2 * H * K + HV * V
+LAYOUTS = ([0, 100, 1000, 2048], [0, 700, 701, 1500, 1999, 2048], [0, 2048])
+
+
+def make_params(seed, dtype=torch.bfloat16):
+    gen = torch.Generator().manual_seed(seed)
+    p = dict(
+        x=torch.randn(1, T, D, generator=gen),
+        g=-0.5 * torch.rand(1, T, HV, generator=gen),
+        beta=torch.rand(1, T, HV, generator=gen),
+        w=torch.randn(D, W, generator=gen) * 0.4,
+        b=torch.randn(D, generator=gen) * 0.1,
+        P=torch.randn(256, HV * V, generator=gen) * 0.05,
+    )
+    return {n: t.to("cuda", dtype) for n, t in p.items()}
+
+
+def block(x, g, beta, w, b, P, cu):
+    y = causal_conv1d(x, w, b, "silu", cu)
+    q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+    o, _ = chunk_gated_delta_rule(
+        q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V), g, beta,
+        cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    return o.reshape(1, T, HV * V) @ P.T
+
+
+def step(fn, params, cu):
+    leaves = [t.clone().requires_grad_() for t in params.values()]
+    out = fn(*leaves, cu)
+    (out * out).sum().backward()
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+@pytest.fixture(autouse=True)
+def _fresh():
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+
+
+def _close(a, b):
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x.float(), y.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_compiled_block_on_triton():
+    params = make_params(0)
+    for backend in ("aot_eager",):  # inductor: see gdn-det-train's gpu tests
+        torch._dynamo.reset()
+        compiled = torch.compile(block, fullgraph=True, backend=backend)
+        for offs in LAYOUTS:
+            cu = torch.tensor(offs, dtype=torch.int32)  # host offsets (CPU): no sync
+            got = step(compiled, params, cu)
+            _close(got, step(block, params, cu))
+            lay = VarlenLayout(offs, device="cuda", max_docs=8)
+            _close(step(compiled, params, lay), got)
+        assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+def test_cuda_graph_training_step_replays_new_layouts(compiled):
+    fn = torch.compile(block, fullgraph=True, backend="aot_eager") if compiled else block
+    batches = [make_params(10 + i) for i in range(len(LAYOUTS))]
+    layout = VarlenLayout(LAYOUTS[0], device="cuda", max_docs=8)
+    static = {n: t.clone().requires_grad_() for n, t in batches[0].items()}
+
+    def run():
+        out = fn(*static.values(), layout)
+        (out * out).sum().backward()
+        return out.detach()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    for t in static.values():
+        t.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = run()
+
+    for offs, batch in zip(LAYOUTS, batches):
+        layout.update(offs)
+        with torch.no_grad():
+            for n, t in static.items():
+                t.copy_(batch[n])
+        graph.replay()
+        torch.cuda.synchronize()
+        got = [out.clone()] + [t.grad.clone() for t in static.values()]
+        want = step(block, batch, torch.tensor(offs))
+        _close(got, want)
