@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole H200 validation in one device call: every package's `gpu` tests,
+# The H200 validation in two device calls: every package's `gpu` tests,
 # the single-rank benchmark against fla (bf16, anchor shapes), and the
 # simulated-world KCP benchmark at world 2/4/8. Logs and JSON land in $OUT.
 #
