@@ -69,8 +69,21 @@ def _fresh():
 
 
 def _close(a, b):
+    """The same algorithm (compiled vs eager): elementwise within bf16 rounding."""
     for x, y in zip(a, b, strict=True):
         torch.testing.assert_close(x.float(), y.float(), rtol=2e-2, atol=2e-2)
+
+
+def _agree(a, b, tol=1e-2):
+    """Two algorithms on bf16 — a layout runs the plain chunk recurrence, plain
+    ``cu_seqlens`` the segment path (segment_size 1024): the accumulation
+    orders differ, so near-cancelling gradient entries (dg) differ by more
+    than bf16 rounding of their own size; compare as the accuracy contract
+    does, by the norm of the difference relative to the norm of the value."""
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        x, y = x.float(), y.float()
+        err = ((x - y).norm() / y.norm().clamp_min(1e-12)).item()
+        assert err <= tol, (i, err)
 
 
 def test_compiled_block_on_triton():
@@ -83,7 +96,7 @@ def test_compiled_block_on_triton():
             got = step(compiled, params, cu)
             _close(got, step(block, params, cu))
             lay = VarlenLayout(offs, device="cuda", max_docs=8)
-            _close(step(compiled, params, lay), got)
+            _agree(step(compiled, params, lay), got)
         assert not counters["graph_break"], dict(counters["graph_break"])
 
 
@@ -120,4 +133,4 @@ def test_cuda_graph_training_step_replays_new_layouts(compiled):
         torch.cuda.synchronize()
         got = [out.clone()] + [t.grad.clone() for t in static.values()]
         want = step(block, batch, torch.tensor(offs))
-        _close(got, want)
+        _agree(got, want)

@@ -1,0 +1,85 @@
+"""Where the time of one deterministic forward+backward goes (GPU only).
+
+For each shape and segment size: the host time to enqueue one fwd+bwd (no
+synchronisation), the wall time with synchronisation (median of ``--iters``),
+and a torch.profiler table of the kernels (CUDA time, calls). A host time
+close to the wall time means the call is launch-bound, not GPU-bound.
+
+    python benchmarks/profile_gdn.py --shapes 1x8192x16x1,4x8192x16x1 --segments 1024,0
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def make_inputs(B: int, T: int, H: int, docs: int, HV: int, D: int, device: str):
+    gen = torch.Generator().manual_seed(0)
+    bf = torch.bfloat16
+    q = torch.randn(B, T, H, D, generator=gen).to(device, bf)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1).to(device, bf)
+    v = torch.randn(B, T, HV, D, generator=gen).to(device, bf)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, HV, generator=gen)).to(device)
+    beta = torch.rand(B, T, HV, generator=gen).to(device, bf)
+    do = torch.randn(B, T, HV, D, generator=gen).to(device, bf)
+    cu = None
+    if docs > 1:
+        cuts = torch.linspace(0, T, docs + 1).long()
+        cu = cuts.to(device=device, dtype=torch.int32)
+    return (q, k, v, g, beta), do, cu
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shapes", default="1x8192x16x1,4x8192x16x1,1x32768x16x1",
+                   help="BxTxHxDOCS[xHV], comma separated")
+    p.add_argument("--segments", default="1024,0", help="segment sizes (0: plain path)")
+    p.add_argument("--package", default="gdn_det_train", choices=["gdn_det_train", "gdn_train"])
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--rows", type=int, default=18)
+    args = p.parse_args()
+    pkg = __import__(args.package)
+    det = args.package == "gdn_det_train"
+    fwd = pkg.chunk_gdn_det_fwd if det else pkg.chunk_gdn_fwd
+    bwd = pkg.chunk_gdn_det_bwd if det else pkg.chunk_gdn_bwd
+    for spec in args.shapes.split(","):
+        dims = [int(x) for x in spec.split("x")]
+        B, T, H, docs = dims[:4]
+        HV = dims[4] if len(dims) > 4 else H
+        ins, do, cu = make_inputs(B, T, H, docs, HV, 128, "cuda")
+        for seg in (int(s) for s in args.segments.split(",")):
+            def step():
+                o, _, saved = fwd(*ins, cu_seqlens=cu, segment_size=seg)
+                return bwd(saved, do)
+
+            for _ in range(3):
+                step()
+            torch.cuda.synchronize()
+            host, wall = [], []
+            for _ in range(args.iters):
+                t0 = time.perf_counter()
+                step()
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                t2 = time.perf_counter()
+                host.append((t1 - t0) * 1e3)
+                wall.append((t2 - t0) * 1e3)
+            print(f"\n=== {args.package} B{B} T{T} H{H} HV{HV} docs{docs} segment_size={seg}: "
+                  f"host enqueue {statistics.median(host):.3f} ms, "
+                  f"wall {statistics.median(wall):.3f} ms", flush=True)
+            with torch.profiler.profile(
+                activities=[torch.profiler.ProfilerActivity.CPU,
+                            torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(3):
+                    step()
+                torch.cuda.synchronize()
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows,
+                                            max_name_column_width=60), flush=True)
+
+
+if __name__ == "__main__":
+    main()
