@@ -8,14 +8,22 @@ Per chunk (``C = 64`` tokens) and value head::
     U     = A_inv · diag(β) · V                [C, V]
 
 One program per (chunk, value head). The 64×64 system is handled as 4×4
-blocks of 16×16: ``A`` is built block by block (10 dots of 16-row tiles,
-``Kᵀ`` loaded through transposed pointer strides, never ``tl.trans``), the
-four diagonal blocks are inverted by forward substitution, and the
-off-diagonal blocks of the inverse follow from
-``X_rs = −X_rr Σ_{s≤m<r} A_rm X_ms``. W and U are then 16-row block products
-of the inverse with the scaled K / V tiles. Everything is accumulated in fp32;
-dots of fp32 operands use IEEE precision for fp32 inputs and TF32 otherwise,
-the 16×16 inverse merges always IEEE. No atomics.
+blocks of 16×16. The six off-diagonal blocks of ``A`` are 16-row dots (``Kᵀ``
+loaded through transposed pointer strides, never ``tl.trans``); the four
+diagonal blocks come from one batched ``[4, 16, 16]`` dot, whose layout keeps
+each block inside one warp. Those four blocks are inverted together by row
+substitution on the ``[4, 16, 16]`` stack: step ``i`` sets row ``i`` to
+``e_i − Σ_{j<i} a_ij x_j`` with one broadcast multiply and one 16-long sum
+(warp-local), so the dependent chain is 15 short vector steps instead of
+15 dependent 16×16 dots per block. The off-diagonal blocks of the inverse
+follow by two levels of 32×32 merges, ``X_10 = −X_11 A_10 X_00`` (likewise
+``X_32``), then ``X_BL = −X_BR (A_BL X_TL)`` with independent products formed
+side by side (dependent depth 5 dots instead of 7). W and U are 16-row block
+products of the inverse with the scaled K / V tiles. Everything is accumulated
+in fp32; the dots building ``A`` and W / U use IEEE precision for fp32 inputs
+and TF32 otherwise, the inverse (substitution and merges) is always IEEE fp32.
+No atomics, no autotuning: the program's arithmetic is fixed, so the bits are
+the same run to run.
 """
 
 from __future__ import annotations
@@ -31,19 +39,34 @@ __all__ = ["wy_fwd", "wy_config"]
 
 
 @triton.jit
-def _inv_unit_lower16(a):
-    """``(I + a)^{-1}`` for a strictly lower triangular 16×16 fp32 block.
+def _inv_diag4(at):
+    """``(I + a_b)^{-1}`` for the four diagonal blocks at once, ``at: [4, 16, 16]`` fp32.
 
-    Forward substitution: starting from ``x = I``, step ``i`` replaces row ``i``
-    by ``e_i − Σ_{j<i} a_ij x_j`` (rows ``j < i`` are final by then), written as
-    ``x ← x − (a masked to row i) · x`` so each step is one small IEEE dot.
+    ``at[b]`` is the *transpose* of block ``b``'s strictly lower triangular
+    ``a_b`` (``at[b, j, i] = a_b[i, j]``), so that row ``i`` of ``a_b`` comes
+    out of ``at`` as a vector along the row axis. Row substitution: starting
+    from ``x = I``, step ``i`` sets row ``i`` to ``e_i − Σ_{j<i} a_ij x_j`` (rows
+    ``j < i`` are final by then, ``a_ij = 0`` for ``j ≥ i``), i.e. one broadcast
+    multiply and one 16-long sum per step, for all four blocks together. The
+    extraction of ``a``'s row does not depend on ``x``, so the dependent chain is
+    15 multiply-sum-select steps (no dot, no layout round trip through memory).
     """
     r = tl.arange(0, 16)
-    x = (r[:, None] == r[None, :]).to(tl.float32)
-    for i in range(1, 16):
-        a_i = tl.where(r[:, None] == i, a, 0.0)
-        x = x - tl.dot(a_i, x, input_precision="ieee")
+    i3 = r[None, :, None]
+    j3 = r[None, None, :]
+    x = tl.where(i3 == j3, 1.0, 0.0) + tl.zeros([4, 16, 16], dtype=tl.float32)
+    for i in tl.static_range(1, 16):
+        a_i = tl.sum(tl.where(j3 == i, at, 0.0), axis=2)  # [4, 16]: a_b[i, j] over j
+        s = tl.sum(a_i[:, :, None] * x, axis=1)  # [4, 16]: Σ_j a_ij x_j
+        x = tl.where(i3 == i, x - s[:, None, :], x)
     return x
+
+
+@triton.jit
+def _pick(x, b: tl.constexpr):
+    """Block ``b`` of a ``[4, 16, 16]`` stack as a ``[16, 16]`` tensor."""
+    rb = tl.arange(0, 4)
+    return tl.sum(tl.where(rb[:, None, None] == b, x, 0.0), axis=0)
 
 
 @triton.jit
@@ -134,21 +157,23 @@ def _wy_fwd_kernel(
     b2 = tl.load(p_b + t2 * HV, mask=m2, other=0.0).to(tl.float32)
     b3 = tl.load(p_b + t3 * HV, mask=m3, other=0.0).to(tl.float32)
 
-    # ---- A = K Kᵀ, block by block (lower blocks only) ----
-    a00 = tl.zeros([16, 16], dtype=tl.float32)
+    # ---- A = K Kᵀ: the six off-diagonal blocks as 16×16 dots, the four
+    # diagonal blocks as one batched [4, 16, 16] dot ----
+    rb = tl.arange(0, 4)
+    tr3 = rb[:, None, None] * 16 + r[None, :, None]  # token of row (b, i)
+    tc3 = rb[:, None, None] * 16 + r[None, None, :]  # token of column (b, j)
+    mr3 = tr3 < n
+    mc3 = tc3 < n
     a10 = tl.zeros([16, 16], dtype=tl.float32)
-    a11 = tl.zeros([16, 16], dtype=tl.float32)
     a20 = tl.zeros([16, 16], dtype=tl.float32)
     a21 = tl.zeros([16, 16], dtype=tl.float32)
-    a22 = tl.zeros([16, 16], dtype=tl.float32)
     a30 = tl.zeros([16, 16], dtype=tl.float32)
     a31 = tl.zeros([16, 16], dtype=tl.float32)
     a32 = tl.zeros([16, 16], dtype=tl.float32)
-    a33 = tl.zeros([16, 16], dtype=tl.float32)
+    d = tl.zeros([4, 16, 16], dtype=tl.float32)
     for i_k in range(0, tl.cdiv(K, BK)):
         ck = i_k * BK + tl.arange(0, BK)
         mk = ck < K
-        k0 = _ld(p_k, t0, m0, ck, mk, KS)
         k1 = _ld(p_k, t1, m1, ck, mk, KS)
         k2 = _ld(p_k, t2, m2, ck, mk, KS)
         k3 = _ld(p_k, t3, m3, ck, mk, KS)
@@ -156,45 +181,56 @@ def _wy_fwd_kernel(
         kt0 = _ld_t(p_k, t0, m0, ck, mk, KS)
         kt1 = _ld_t(p_k, t1, m1, ck, mk, KS)
         kt2 = _ld_t(p_k, t2, m2, ck, mk, KS)
-        a00 = tl.dot(k0, kt0, a00, input_precision=PREC)
         a10 = tl.dot(k1, kt0, a10, input_precision=PREC)
-        a11 = tl.dot(k1, kt1, a11, input_precision=PREC)
         a20 = tl.dot(k2, kt0, a20, input_precision=PREC)
         a21 = tl.dot(k2, kt1, a21, input_precision=PREC)
-        a22 = tl.dot(k2, kt2, a22, input_precision=PREC)
-        kt3 = _ld_t(p_k, t3, m3, ck, mk, KS)
         a30 = tl.dot(k3, kt0, a30, input_precision=PREC)
         a31 = tl.dot(k3, kt1, a31, input_precision=PREC)
         a32 = tl.dot(k3, kt2, a32, input_precision=PREC)
-        a33 = tl.dot(k3, kt3, a33, input_precision=PREC)
+        # [4, 16, BK] rows and [4, BK, 16] transposed columns of the diagonal blocks
+        kb = tl.load(
+            p_k + tr3 * KS + ck[None, None, :], mask=mr3 & mk[None, None, :], other=0.0
+        )
+        kbt = tl.load(
+            p_k + tc3 * KS + ck[None, :, None], mask=mc3 & mk[None, :, None], other=0.0
+        )
+        d = tl.dot(kb, kbt, d, input_precision=PREC)
 
-    a00 = _gate_block(a00, g0, g0, b0, t0, t0, n)
     a10 = _gate_block(a10, g1, g0, b1, t1, t0, n)
-    a11 = _gate_block(a11, g1, g1, b1, t1, t1, n)
     a20 = _gate_block(a20, g2, g0, b2, t2, t0, n)
     a21 = _gate_block(a21, g2, g1, b2, t2, t1, n)
-    a22 = _gate_block(a22, g2, g2, b2, t2, t2, n)
     a30 = _gate_block(a30, g3, g0, b3, t3, t0, n)
     a31 = _gate_block(a31, g3, g1, b3, t3, t1, n)
     a32 = _gate_block(a32, g3, g2, b3, t3, t2, n)
-    a33 = _gate_block(a33, g3, g3, b3, t3, t3, n)
 
-    # ---- (I + A)^{-1}: diagonal blocks by substitution, then the merges ----
-    x00 = _inv_unit_lower16(a00)
-    x11 = _inv_unit_lower16(a11)
-    x22 = _inv_unit_lower16(a22)
-    x33 = _inv_unit_lower16(a33)
+    # Diagonal blocks, transposed: at[b, j, i] = a_b[i, j] = β_i exp(G_i − G_j) k_i·k_j
+    # for j < i < n (k_i·k_j is symmetric, so d serves as its own transpose).
+    pd = rb[:, None] * 16 + r[None, :]
+    md = pd < n
+    gd = tl.load(p_g + pd * HV, mask=md, other=0.0)
+    bd = tl.load(p_b + pd * HV, mask=md, other=0.0).to(tl.float32)
+    mt = (tc3 > tr3) & mc3
+    et = tl.exp(tl.where(mt, gd[:, None, :] - gd[:, :, None], 0.0))
+    at = tl.where(mt, d * et * bd[:, None, :], 0.0)
+
+    # ---- (I + A)^{-1}: diagonal blocks by row substitution, then the merges ----
+    xd = _inv_diag4(at)
+    x00 = _pick(xd, 0)
+    x11 = _pick(xd, 1)
+    x22 = _pick(xd, 2)
+    x33 = _pick(xd, 3)
+    # 32×32 halves: X_TL = [[x00, 0], [x10, x11]], X_BR = [[x22, 0], [x32, x33]]
     x10 = -tl.dot(x11, tl.dot(a10, x00, input_precision="ieee"), input_precision="ieee")
-    x21 = -tl.dot(x22, tl.dot(a21, x11, input_precision="ieee"), input_precision="ieee")
     x32 = -tl.dot(x33, tl.dot(a32, x22, input_precision="ieee"), input_precision="ieee")
-    s20 = tl.dot(a21, x10, tl.dot(a20, x00, input_precision="ieee"), input_precision="ieee")
-    x20 = -tl.dot(x22, s20, input_precision="ieee")
-    s31 = tl.dot(a32, x21, tl.dot(a31, x11, input_precision="ieee"), input_precision="ieee")
-    x31 = -tl.dot(x33, s31, input_precision="ieee")
-    s30 = tl.dot(a30, x00, input_precision="ieee")
-    s30 = tl.dot(a31, x10, s30, input_precision="ieee")
-    s30 = tl.dot(a32, x20, s30, input_precision="ieee")
-    x30 = -tl.dot(x33, s30, input_precision="ieee")
+    # X_BL = −X_BR (A_BL X_TL), A_BL = [[a20, a21], [a30, a31]]
+    p01 = tl.dot(a21, x11, input_precision="ieee")
+    p11 = tl.dot(a31, x11, input_precision="ieee")
+    p00 = tl.dot(a21, x10, tl.dot(a20, x00, input_precision="ieee"), input_precision="ieee")
+    p10 = tl.dot(a31, x10, tl.dot(a30, x00, input_precision="ieee"), input_precision="ieee")
+    x20 = -tl.dot(x22, p00, input_precision="ieee")
+    x21 = -tl.dot(x22, p01, input_precision="ieee")
+    x30 = -tl.dot(x33, p10, tl.dot(x32, p00, input_precision="ieee"), input_precision="ieee")
+    x31 = -tl.dot(x33, p11, tl.dot(x32, p01, input_precision="ieee"), input_precision="ieee")
 
     if STORE_A:
         z = tl.zeros([16, 16], dtype=tl.float32)
