@@ -321,6 +321,8 @@ def gated_gdn_fwd(
         output_final_state=output_final_state, cu_seqlens=offsets,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, deterministic=deterministic,
         backend=chosen, index=index, segment_size=segment_size,
+        # validated above (the gate's output has g's shape and a checked dtype)
+        shapes=shapes if (index is None or cu_seqlens is not None) else None,
     )
     return o, final, core, gate
 

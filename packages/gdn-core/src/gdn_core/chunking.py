@@ -13,9 +13,18 @@ from dataclasses import dataclass
 
 import torch
 
+from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables
+
 CHUNK_SIZE = 64
 
-__all__ = ["CHUNK_SIZE", "ChunkIndex", "document_bounds", "host_offsets"]
+__all__ = [
+    "CHUNK_SIZE",
+    "ChunkIndex",
+    "chunk_host_tables",
+    "chunk_index",
+    "document_bounds",
+    "host_offsets",
+]
 
 
 def host_offsets(cu_seqlens: torch.Tensor | list[int] | None, B: int, T: int) -> list[int]:
@@ -76,25 +85,61 @@ class ChunkIndex:
     def build(
         cls, offsets: list[int], device: torch.device | str, chunk_size: int = CHUNK_SIZE
     ) -> ChunkIndex:
-        """Build the table from host document offsets (see :func:`host_offsets`)."""
-        chunk_doc, chunk_start, chunk_len, chunk_offsets = [], [], [], [0]
-        for n, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
-            for start in range(bos, eos, chunk_size):
-                chunk_doc.append(n)
-                chunk_start.append(start)
-                chunk_len.append(min(chunk_size, eos - start))
-            chunk_offsets.append(len(chunk_doc))
+        """Build the table from host document offsets (see :func:`host_offsets`).
 
-        def dev(x: list[int]) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int32).to(device, non_blocking=True)
-
+        The device tables are slices of one buffer filled by a single
+        host→device copy. :func:`chunk_index` returns a cached one.
+        """
+        offs = tuple(int(x) for x in offsets)
+        chunk_doc, chunk_start, chunk_len, chunk_offsets = chunk_host_tables(offs, chunk_size)
+        i32 = torch.int32
+        doc, start, length, doc_offs, doc_chunk_offs = pack_tables(
+            [(chunk_doc, i32), (chunk_start, i32), (chunk_len, i32), (offs, i32),
+             (chunk_offsets, i32)], device)
         return cls(
-            offsets=tuple(offsets),
+            offsets=offs,
             chunk_offsets=tuple(chunk_offsets),
             chunk_size=chunk_size,
-            chunk_doc=dev(chunk_doc),
-            chunk_start=dev(chunk_start),
-            chunk_len=dev(chunk_len),
-            doc_offsets=dev(list(offsets)),
-            doc_chunk_offsets=dev(chunk_offsets),
+            chunk_doc=doc,
+            chunk_start=start,
+            chunk_len=length,
+            doc_offsets=doc_offs,
+            doc_chunk_offsets=doc_chunk_offs,
         )
+
+
+def chunk_host_tables(offsets, chunk_size: int = CHUNK_SIZE
+                      ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """Host lists ``(chunk_doc, chunk_start, chunk_len, chunk_offsets)`` of
+    :class:`ChunkIndex` for document ``offsets``."""
+    chunk_doc: list[int] = []
+    chunk_start: list[int] = []
+    chunk_len: list[int] = []
+    chunk_offsets = [0]
+    C = chunk_size
+    for n, (bos, eos) in enumerate(zip(offsets[:-1], offsets[1:])):
+        if eos > bos:
+            cnt = -(-(eos - bos) // C)
+            chunk_doc += [n] * cnt
+            chunk_start += range(bos, eos, C)
+            chunk_len += [C] * (cnt - 1)
+            chunk_len.append(eos - bos - (cnt - 1) * C)
+        chunk_offsets.append(len(chunk_doc))
+    return chunk_doc, chunk_start, chunk_len, chunk_offsets
+
+
+def chunk_index(offsets, device: torch.device | str, chunk_size: int = CHUNK_SIZE) -> ChunkIndex:
+    """The :class:`ChunkIndex` of ``offsets`` on ``device``, from a bounded LRU cache.
+
+    Same layout, device and chunk size → the same object (its device tables
+    are read-only). Built by :meth:`ChunkIndex.build` on a miss.
+    """
+    offs = tuple(int(x) for x in offsets)
+    dev = device_key(device)
+    return _INDEX_CACHE.get_or_build(
+        (offs, dev, int(chunk_size)), lambda: ChunkIndex.build(offs, dev, chunk_size),
+        store=not capturing(dev),
+    )
+
+
+_INDEX_CACHE = LRUCache()

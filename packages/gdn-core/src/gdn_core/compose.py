@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from gdn_core.chunking import ChunkIndex
+from gdn_core.chunking import ChunkIndex, chunk_index
 from gdn_core.reference import chunk_gdn_reference
 from gdn_core.validation import GDNShapes, validate_gdn_inputs
 
@@ -132,6 +132,7 @@ def chunk_gdn_fwd(
     backend: str | None = None,
     index: ChunkIndex | None = None,
     segment_size: int | None = None,
+    shapes: GDNShapes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved]:
     """Chunked GDN forward.
 
@@ -143,18 +144,23 @@ def chunk_gdn_fwd(
     ``segment_size``: the segment length (a multiple of 64; ``None``: the
     default; ``0``: no segments) — see the module docstring.
 
+    ``shapes``: what :func:`~gdn_core.validation.validate_gdn_inputs` returned
+    for exactly these arguments, when the caller has already validated them
+    (the input checks are then not repeated); ``None``: validate here.
+
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [N,HV,K,V] fp32 or None,
     saved)``. Raises ``TypeError``/``ValueError`` for bad input (see
     :func:`gdn_core.validation.validate_gdn_inputs`).
     """
     from gdn_core.segment import SegmentLayout, resolve_segment_size, segment_fwd
 
-    if index is not None and cu_seqlens is None:
-        cu_seqlens = list(index.offsets)
-    shapes = validate_gdn_inputs(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        allow_float64=True,
-    )
+    if shapes is None:
+        if index is not None and cu_seqlens is None:
+            cu_seqlens = list(index.offsets)
+        shapes = validate_gdn_inputs(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
+            allow_float64=True,
+        )
     S = resolve_segment_size(segment_size)
     chosen = resolve_backend(q.device, q.dtype, backend)
     scale = float(shapes.K**-0.5 if scale is None else scale)
@@ -182,7 +188,7 @@ def chunk_gdn_fwd(
     from gdn_core.ops.forward import gdn_forward_triton
 
     if index is None or index.offsets != shapes.offsets:
-        index = ChunkIndex.build(list(shapes.offsets), q.device)
+        index = chunk_index(shapes.offsets, q.device)
     fwd = gdn_forward_triton(
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(beta),
         scale=scale, index=index, initial_state=initial_state,

@@ -49,8 +49,9 @@ from typing import Any
 
 import torch
 
-from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
+from gdn_core.chunking import CHUNK_SIZE, ChunkIndex, chunk_host_tables
 from gdn_core.compose import GDNGrads, GDNSaved
+from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -58,6 +59,7 @@ __all__ = [
     "SegmentBackward",
     "SegmentForward",
     "SegmentLayout",
+    "SegmentTables",
     "backward_chains",
     "first_document_saved",
     "forward_chains",
@@ -124,19 +126,29 @@ class SegmentLayout:
     @classmethod
     def build(cls, doc_offsets, segment_size: int, *, first_continues: bool = False,
               last_continues: bool = False, has_h0: bool = False) -> SegmentLayout:
+        """The layout of ``doc_offsets`` cut into segments of ``segment_size``.
+
+        Cached (a bounded LRU keyed on the offsets, the size and the flags):
+        the same arguments give the same object, whose host tables, fold
+        chains and per-device tables (:meth:`tables`) are then built once.
+        """
         offs = tuple(int(x) for x in doc_offsets)
-        S = int(segment_size)
+        key = (offs, int(segment_size), bool(first_continues), bool(last_continues),
+               bool(has_h0))
+        if (first_continues or last_continues) and len(offs) - 1 == 0:
+            raise ValueError("a layout without documents cannot continue across ranks")
+        return _LAYOUT_CACHE.get_or_build(key, lambda: cls._make(*key))
+
+    @classmethod
+    def _make(cls, offs: tuple[int, ...], S: int, first_continues: bool, last_continues: bool,
+              has_h0: bool) -> SegmentLayout:
         seg, doc_segs = [offs[0]], [0]
         for a, b in zip(offs[:-1], offs[1:]):
             if S and b - a > S:
                 seg.extend(range(a + S, b, S))
             seg.append(b)
             doc_segs.append(len(seg) - 1)
-        N = len(offs) - 1
-        if (first_continues or last_continues) and N == 0:
-            raise ValueError("a layout without documents cannot continue across ranks")
-        return cls(S, offs, tuple(seg), tuple(doc_segs), bool(first_continues),
-                   bool(last_continues), bool(has_h0))
+        return cls(S, offs, tuple(seg), tuple(doc_segs), first_continues, last_continues, has_h0)
 
     @property
     def num_docs(self) -> int:
@@ -205,7 +217,31 @@ class SegmentLayout:
 
     def index(self, device) -> ChunkIndex:
         """The segment-level chunk table (same chunks as the document-level one)."""
-        return ChunkIndex.build(list(self.seg_offsets), device)
+        return self.tables(device).index
+
+    @cached_property
+    def _memo(self) -> dict:
+        """Per-object memo: fold chains by options, device tables by device."""
+        return {}
+
+    def tables(self, device) -> SegmentTables:
+        """This layout's device tables on ``device`` (:class:`SegmentTables`), built
+        once per device with one host→device copy."""
+        dev = device_key(device)
+        key = ("tables", dev)
+        got = self._memo.get(key)
+        if got is None:
+            got = SegmentTables.build(self, dev)
+            if not capturing(dev):
+                self._memo[key] = got
+        return got
+
+    def _chains(self, kind: str, fn, **opts) -> Chains:
+        key = (kind, *sorted(opts.items()))
+        got = self._memo.get(key)
+        if got is None:
+            got = self._memo[key] = fn(self, **opts)
+        return got
 
 
 @dataclass(frozen=True)
@@ -227,6 +263,64 @@ class Chains:
     @property
     def empty(self) -> bool:
         return not self.items
+
+
+_LAYOUT_CACHE = LRUCache()
+
+
+@dataclass(frozen=True, eq=False)
+class SegmentTables:
+    """The device tables of one :class:`SegmentLayout` on one device — slices of
+    one buffer filled by a single host→device copy (:func:`gdn_core.hostcache.
+    pack_tables`), read-only.
+
+    Attributes:
+        index: the segment-level :class:`ChunkIndex`.
+        fwd_need: int32 ``[nseg]`` summary flags of the forward (bit 0 ``E``,
+            bit 1 ``M``), or ``None`` when every segment needs both.
+        bwd_need: int32 ``[nseg]`` flags of the backward's first pass
+            (``need_P``), or ``None`` when all are needed.
+        first_rows / last_rows: int64 ``[N]`` each document's first / last segment.
+        h0_docs / h0_rows: int64, the documents that start here (not
+            continuing from an earlier rank) and their first segments.
+        dht_docs / dht_rows: int64, the documents that end here and their last
+            segments.
+    """
+
+    index: ChunkIndex
+    fwd_need: torch.Tensor | None
+    bwd_need: torch.Tensor | None
+    first_rows: torch.Tensor
+    last_rows: torch.Tensor
+    h0_docs: torch.Tensor
+    h0_rows: torch.Tensor
+    dht_docs: torch.Tensor
+    dht_rows: torch.Tensor
+
+    @classmethod
+    def build(cls, L: SegmentLayout, device) -> SegmentTables:
+        i32, i64 = torch.int32, torch.int64
+        offs = L.seg_offsets
+        C = CHUNK_SIZE
+        chunk_doc, chunk_start, chunk_len, chunk_offsets = chunk_host_tables(offs, C)
+        want = [int(e) | (int(m) << 1) for e, m in zip(L.need_E, L.need_M)]
+        need_P = [int(x) for x in L.need_P]
+        N = L.num_docs
+        h0_docs = [d for d in range(N) if not (d == 0 and L.first_continues)]
+        dht_docs = [d for d in range(N) if not (d == N - 1 and L.last_continues)]
+        fwd_all = all(w == 3 for w in want)
+        bwd_all = all(need_P)
+        t = pack_tables([
+            (chunk_doc, i32), (chunk_start, i32), (chunk_len, i32), (offs, i32),
+            (chunk_offsets, i32), ([] if fwd_all else want, i32),
+            ([] if bwd_all else need_P, i32), (L.first_rows, i64), (L.last_rows, i64),
+            (h0_docs, i64), ([L.first_rows[d] for d in h0_docs], i64),
+            (dht_docs, i64), ([L.last_rows[d] for d in dht_docs], i64),
+        ], device)
+        index = ChunkIndex(offsets=offs, chunk_offsets=tuple(chunk_offsets), chunk_size=C,
+                           chunk_doc=t[0], chunk_start=t[1], chunk_len=t[2], doc_offsets=t[3],
+                           doc_chunk_offsets=t[4])
+        return cls(index, None if fwd_all else t[5], None if bwd_all else t[6], *t[7:])
 
 
 def forward_chains(layout: SegmentLayout, *, n_remote: int = 0, seeded_first: bool = False,
@@ -347,10 +441,6 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _rows_tensor(rows, device) -> torch.Tensor:
-    return torch.tensor(list(rows), dtype=torch.int64, device=device)
-
-
 # ----------------------------------------------------------------- forward --
 
 
@@ -426,8 +516,9 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     from gdn_core.ops.l2norm import l2norm_fwd
     from gdn_core.ops.wy import wy_fwd
 
+    tabs = L.tables(v.device)
     if index is None:
-        index = L.index(v.device)
+        index = tabs.index
     st.index = index
     qf, kf, vf, gf, bf = (_flat(x) for x in (q, k, v, g, beta))
     if st.l2:
@@ -438,8 +529,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     st.G = chunk_cumsum_fwd(gf, index)
     _, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group, output_A_inv=False)
     if any(want):
-        need = None if all(w == 3 for w in want) else torch.tensor(
-            want, dtype=torch.int32).to(vf.device, non_blocking=True)
+        need = tabs.fwd_need
         _, _, st.summ = chunk_state_fwd(
             st.k_used, st.W, st.U, st.G, index, s.group, output_final_state=True,
             store_states=False, state_width=s.V + s.K, identity_state=True,
@@ -489,16 +579,15 @@ def segment_fwd_fold(st: SegmentForward, *, remote: torch.Tensor | None = None,
         st.S_in = None
         return None
     n_remote = 0 if remote is None else remote.shape[0]
-    ch = forward_chains(L, n_remote=n_remote, seeded_first=seed is not None,
-                        want_exit=want_exit)
+    ch = L._chains("fwd", forward_chains, n_remote=n_remote, seeded_first=seed is not None,
+                   want_exit=want_exit)
     dev, sd = st.device, st.state_dtype
     nseg = L.num_segments
     out = torch.zeros(ch.rows, s.HV, s.K, s.V, dtype=sd, device=dev)
     if st.initial_state is not None:
-        docs = [d for d in range(L.num_docs) if not (d == 0 and L.first_continues)]
-        if docs:
-            out[_rows_tensor([L.first_rows[d] for d in docs], dev)] = \
-                st.initial_state[_rows_tensor(docs, dev)].to(sd)
+        tabs = L.tables(dev)
+        if tabs.h0_docs.numel():
+            out[tabs.h0_rows] = st.initial_state[tabs.h0_docs].to(sd)
     if seed is not None:
         out[0] = seed.to(sd)
     pool = st.summ
@@ -551,7 +640,7 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         )
     final = None
     if output_final_state:
-        final = fin if L.trivial else fin[_rows_tensor(L.last_rows, fin.device)]
+        final = fin if L.trivial else fin[L.tables(fin.device).last_rows]
     return o, final, saved
 
 
@@ -615,10 +704,9 @@ def _doc_last_dht(L: SegmentLayout, dht: torch.Tensor | None, rows: int,
     if dht is None:
         return None
     out = dht.new_zeros(rows, *dht.shape[1:], dtype=sd)
-    docs = [d for d in range(L.num_docs) if not (d == L.num_docs - 1 and L.last_continues)]
-    if docs:
-        out[_rows_tensor([L.last_rows[d] for d in docs], out.device)] = \
-            dht[_rows_tensor(docs, out.device)].to(sd)
+    tabs = L.tables(out.device)
+    if tabs.dht_docs.numel():
+        out[tabs.dht_rows] = dht[tabs.dht_docs].to(sd)
     return out
 
 
@@ -679,8 +767,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
                                 out=ws["dv_local"])
     if any(need) and not L.trivial:
         D0 = _doc_last_dht(L, dht, L.num_segments, sd)
-        flags = None if all(need) else torch.tensor(need, dtype=torch.int32).to(
-            k.device, non_blocking=True)
+        flags = L.tables(k.device).bwd_need
         _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
                                       saved.scale, index, group, store=False, need=flags)
     return bst
@@ -727,8 +814,8 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
         bst.D = None
         return None
     n_remote = 0 if remote is None else remote.shape[0]
-    ch = backward_chains(L, n_remote=n_remote, seeded_last=seed is not None,
-                         want_first=want_first)
+    ch = L._chains("bwd", backward_chains, n_remote=n_remote, seeded_last=seed is not None,
+                   want_first=want_first)
     sd = bst.state_dtype
     dev = bst.do.device
     nseg = L.num_segments
@@ -782,7 +869,7 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
         dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     if want_h0:
         if not L.trivial:
-            dh0 = dh0[_rows_tensor(L.first_rows, dh0.device)]
+            dh0 = dh0[L.tables(dh0.device).first_rows]
     else:
         dh0 = None
     return GDNGrads(dq, dk, dv, dg, dbeta, dh0)

@@ -1,0 +1,166 @@
+"""Per-layout host bookkeeping and small device tables, built once and reused.
+
+A training step calls the forward and the backward with the same document
+layout (``cu_seqlens``), and consecutive steps often repeat it. Everything
+derived from the layout alone — the chunk table, the segment layout, the fold
+chains, the row and flag tables the kernels read — is therefore built once per
+``(offsets, options, device)`` and kept in a small bounded LRU
+(:class:`LRUCache`). Nothing that depends on tensor *values* other than the
+host offsets is ever cached.
+
+Device tables go to the device with **one** host→device copy per layout
+(:func:`pack_tables`: one packed int32 buffer, sliced), made before the first
+kernel of the step that needs them — a pageable copy issued between kernels
+waits for the stream to drain, which turned small shapes launch-bound.
+
+Cached device tensors are read-only by contract: kernels and torch indexing
+only read them. A table built while the current CUDA stream is being captured
+into a graph is not cached (its copy runs only when the graph replays).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, TypeVar
+
+import torch
+
+__all__ = [
+    "DEFAULT_CACHE_SIZE",
+    "LRUCache",
+    "capturing",
+    "device_int_tables",
+    "device_key",
+    "pack_tables",
+]
+
+DEFAULT_CACHE_SIZE = 64
+"""Entries per cache: layouts alternate between a handful per run, and each
+entry holds a few KiB of host tuples and device int tables."""
+
+_ALIGN = 16  # elements: every packed table starts 64-byte aligned (Triton's 16-byte pointer
+#             specialisation sees the same alignment as a table of its own)
+
+V = TypeVar("V")
+
+
+class LRUCache:
+    """A small thread-safe least-recently-used map with a fixed capacity."""
+
+    def __init__(self, maxsize: int = DEFAULT_CACHE_SIZE) -> None:
+        if maxsize < 1:
+            raise ValueError(f"maxsize must be >= 1, got {maxsize}")
+        self.maxsize = int(maxsize)
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_build(self, key: Hashable, build: Callable[[], V], *, store: bool = True) -> V:
+        """The cached value of ``key``, or ``build()`` (cached when ``store``)."""
+        with self._lock:
+            if key in self._data:
+                self._data.move_to_end(key)
+                self.hits += 1
+                return self._data[key]
+            self.misses += 1
+        value = build()  # outside the lock: building may launch copies
+        if store:
+            with self._lock:
+                if key in self._data:  # another thread won the race: keep one object
+                    self._data.move_to_end(key)
+                    return self._data[key]
+                self._data[key] = value
+                while len(self._data) > self.maxsize:
+                    self._data.popitem(last=False)
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._data
+
+
+def device_key(device: torch.device | str) -> torch.device:
+    """``device`` as a hashable :class:`torch.device` with its index (``cuda`` → ``cuda:N``)."""
+    dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    return dev
+
+
+def capturing(device: torch.device) -> bool:
+    """True while the current stream of ``device`` (CUDA) is captured into a graph."""
+    if device.type != "cuda":
+        return False
+    try:
+        return bool(torch.cuda.is_current_stream_capturing())
+    except Exception:  # pragma: no cover - no CUDA runtime
+        return False
+
+
+def _aligned(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+def pack_tables(tables: Sequence[tuple[Sequence[int], torch.dtype]],
+                device: torch.device | str) -> list[torch.Tensor]:
+    """Put small integer tables on ``device`` with one host→device copy.
+
+    ``tables``: ``(values, dtype)`` pairs, ``dtype`` ``torch.int32`` or
+    ``torch.int64``. Returns one contiguous 1-D tensor per table (slices of one
+    buffer, each starting 64-byte aligned), in order, with exactly the values
+    and dtypes asked for.
+    """
+    parts: list[torch.Tensor] = []
+    spans: list[tuple[int, int, torch.dtype]] = []
+    at = 0
+    for values, dtype in tables:
+        if dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"pack_tables packs int32/int64 tables, got {dtype}")
+        t = torch.tensor(values if isinstance(values, (list, tuple)) else list(values),
+                         dtype=dtype)
+        if dtype == torch.int64:
+            t = t.view(torch.int32)  # two int32 words per value, viewed back below
+        width = t.numel()
+        pad = _aligned(width) - width
+        parts.append(t)
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.int32))
+        spans.append((at, width, dtype))
+        at += width + pad
+    host = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32)
+    buf = host.to(device, non_blocking=True)
+    out = []
+    for start, width, dtype in spans:
+        piece = buf[start:start + width]
+        out.append(piece.view(torch.int64) if dtype == torch.int64 else piece)
+    return out
+
+
+_INT_TABLES = LRUCache()
+
+
+def device_int_tables(tables: Sequence[Sequence[int]], device: torch.device | str,
+                      dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, ...]:
+    """``tables`` (host int sequences) as device tensors of ``dtype``, one copy, cached.
+
+    Keyed on the values themselves (tuples) and the device: a kernel launcher
+    that is handed host lists per call (e.g. the fold chains of a layout)
+    reaches its device tables without a host→device copy from the second call
+    of a layout on.
+    """
+    dev = device_key(device)
+    key = (tuple(tuple(int(x) for x in t) for t in tables), dev, dtype)
+    return _INT_TABLES.get_or_build(
+        key, lambda: tuple(pack_tables([(t, dtype) for t in key[0]], dev)),
+        store=not capturing(dev),
+    )
