@@ -589,6 +589,9 @@ def main(argv: list[str] | None = None) -> int:
             _free(device)
         del inputs
         _free(device)
+        if args.json:  # so far: a run cut short by a time limit still leaves its figures
+            common.write_json(args.json, {"meta": meta, "config": config, "results": results,
+                                          "partial": True, "errors": errors})
     compute_ratios(results)
 
     accuracy: list[dict[str, Any]] = []

@@ -52,8 +52,8 @@ def main() -> None:
         HV = dims[4] if len(dims) > 4 else H
         ins, do, cu = make_inputs(B, T, H, docs, HV, 128, "cuda")
         for seg in (int(s) for s in args.segments.split(",")):
-            def step():
-                o, _, saved = fwd(*ins, cu_seqlens=cu, segment_size=seg)
+            def step(ins=ins, do=do, cu=cu, seg=seg):
+                _, _, saved = fwd(*ins, cu_seqlens=cu, segment_size=seg)
                 return bwd(saved, do)
 
             for _ in range(3):

@@ -1,163 +1,20 @@
-"""Helpers shared by the gdn-train tests (inputs, oracle, comparisons, subprocesses)."""
+"""The gdn-train tests' helpers: :mod:`gdn_core.testkit`, children importing gdn_train."""
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from functools import partial
 
-import torch
-import torch.nn.functional as F
-from gdn_core.reference import naive_recurrent_gdn
+from gdn_core import testkit
+from gdn_core.testkit import (  # noqa: F401 - re-exported for the tests
+    GRAD_NAMES,
+    assert_close,
+    assert_equal,
+    make_inputs,
+    reference_gdn,
+    rel_err,
+    run_fwd_bwd,
+    sha256,
+)
 
-GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
-
-
-def make_inputs(lengths=None, B=1, T=None, H=1, HV=2, K=16, V=16, dtype=torch.float32,
-                seed=0, device="cpu", initial_state=True, gate=False, cu_as_list=False):
-    """Random GDN inputs: ``(inputs, cu_seqlens, cotangents)``.
-
-    ``lengths`` → packed (``B == 1``) with ``cu_seqlens``. ``gate`` → ``g`` is
-    the raw gate input and ``A_log``, ``dt_bias`` are given.
-    """
-    gen = torch.Generator().manual_seed(seed)
-    if lengths is not None:
-        B, T = 1, sum(lengths)
-        offs = [0]
-        for n in lengths:
-            offs.append(offs[-1] + n)
-        cu = offs if cu_as_list else torch.tensor(offs, dtype=torch.int32)
-        N = len(lengths)
-    else:
-        cu, N = None, B
-    sdt = torch.float64 if dtype == torch.float64 else torch.float32
-
-    def rnd(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=gen) * scale).to(dtype=dtype, device=device)
-
-    def uni(*shape, lo=0.0, hi=1.0, dt=dtype):
-        return (lo + (hi - lo) * torch.rand(*shape, generator=gen)).to(dtype=dt, device=device)
-
-    inputs = {
-        "q": rnd(B, T, H, K, scale=K**-0.5),
-        "k": rnd(B, T, H, K, scale=K**-0.5),
-        "v": rnd(B, T, HV, V),
-        "g": None,
-        "beta": uni(B, T, HV),
-        "initial_state": rnd(N, HV, K, V).to(sdt) if initial_state else None,
-        "A_log": None,
-        "dt_bias": None,
-    }
-    if gate:
-        inputs["g"] = (torch.randn(B, T, HV, generator=gen)).to(dtype=sdt, device=device)
-        inputs["A_log"] = uni(HV, lo=-1.0, hi=0.5, dt=sdt)
-        inputs["dt_bias"] = uni(HV, lo=-1.0, hi=1.0, dt=sdt)
-    else:
-        inputs["g"] = uni(B, T, HV, lo=-1.0, hi=0.0, dt=sdt)
-    cot = {"do": rnd(B, T, HV, V), "dht": rnd(N, HV, K, V).to(sdt)}
-    return inputs, cu, cot
-
-
-def reference_gdn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                  cu_seqlens=None, use_qk_l2norm_in_kernel=False, *, use_gate_in_kernel=False,
-                  A_log=None, dt_bias=None, workspace=None):
-    """Token-by-token fp32 oracle with the gate formula applied in plain torch."""
-    del workspace
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    if use_gate_in_kernel:
-        g = -A_log.to(dt).exp() * F.softplus(g.to(dt) + dt_bias.to(dt))
-    o, ht = naive_recurrent_gdn(
-        q.to(dt), k.to(dt), v.to(dt), g.to(dt), beta.to(dt), scale=scale,
-        initial_state=None if initial_state is None else initial_state.to(dt),
-        output_final_state=output_final_state, cu_seqlens=cu_seqlens,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
-    return o, ht
-
-
-def run_fwd_bwd(fn, inputs, cu, cot, *, l2norm=False, output_final_state=True, scale=None,
-                **kwargs):
-    """Forward + backward of ``fn``; a dict of outputs and input gradients."""
-    leaves = {n: (x.detach().clone().requires_grad_() if x is not None else None)
-              for n, x in inputs.items()}
-    gate = leaves["A_log"] is not None
-    extra = dict(use_gate_in_kernel=True, A_log=leaves["A_log"],
-                 dt_bias=leaves["dt_bias"]) if gate else {}
-    o, ht = fn(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"], scale=scale,
-               initial_state=leaves["initial_state"], output_final_state=output_final_state,
-               cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm, **extra, **kwargs)
-    loss = (o.float() * cot["do"].float()).sum()
-    if ht is not None:
-        loss = loss + (ht * cot["dht"].to(ht.dtype)).sum()
-    loss.backward()
-    out = {"o": o.detach(), "ht": None if ht is None else ht.detach()}
-    for n in GRAD_NAMES:
-        out["d" + n] = None if leaves[n] is None else leaves[n].grad
-    return out
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
-def assert_close(got: dict, ref: dict, rtol: float) -> None:
-    """Relative Frobenius error of every tensor in ``ref`` (``None`` must match)."""
-    for key, b in ref.items():
-        a = got[key]
-        if b is None:
-            assert a is None, key
-            continue
-        assert a is not None, key
-        assert a.shape == b.shape, (key, a.shape, b.shape)
-        assert torch.isfinite(a).all(), f"{key}: non-finite values"
-        err = rel_err(a, b)
-        assert err < rtol, f"{key}: relative error {err:.2e} >= {rtol:.0e}"
-
-
-def assert_equal(a: dict, b: dict) -> None:
-    assert a.keys() == b.keys()
-    for key in a:
-        if a[key] is None:
-            assert b[key] is None, key
-        else:
-            assert a[key].dtype == b[key].dtype, key
-            assert torch.equal(a[key], b[key]), f"{key} differs between runs"
-
-
-def sha256(x: torch.Tensor) -> str:
-    return hashlib.sha256(x.detach().contiguous().cpu().view(torch.uint8).numpy()
-                          .tobytes()).hexdigest()
-
-
-def subprocess_env(**extra: str) -> dict:
-    """Environment for a child interpreter that imports this checkout's packages."""
-    import gdn_core
-    import gdn_train
-
-    paths = [str(Path(m.__file__).resolve().parents[1]) for m in (gdn_train, gdn_core)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
-    env["OMP_NUM_THREADS"] = "1"
-    env.pop("TRITON_INTERPRET", None)
-    env.update(extra)
-    return env
-
-
-def run_script(script: str, *args: str, processes: int = 1, timeout: int = 300,
-               **env: str) -> list[dict]:
-    """Run ``script`` in ``processes`` fresh interpreters concurrently; each prints JSON."""
-    procs = [
-        subprocess.Popen([sys.executable, "-c", script, *args], env=subprocess_env(**env),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        for _ in range(processes)
-    ]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=timeout)
-        assert p.returncode == 0, err[-4000:]
-        results.append(json.loads(out.strip().splitlines()[-1]))
-    return results
+run_script = partial(testkit.run_script, package="gdn_train")
+subprocess_env = partial(testkit.subprocess_env, "gdn_train")
