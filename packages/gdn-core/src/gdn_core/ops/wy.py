@@ -18,7 +18,7 @@ substitution on the ``[4, 16, 16]`` stack: step ``i`` sets row ``i`` to
 15 dependent 16×16 dots per block. The off-diagonal blocks of the inverse
 follow by two levels of 32×32 merges, ``X_10 = −X_11 A_10 X_00`` (likewise
 ``X_32``), then ``X_BL = −X_BR (A_BL X_TL)`` with independent products formed
-side by side (dependent depth 5 dots instead of 7). W and U are 16-row block
+side by side (a dependent depth of 4 dots instead of 6). W and U are 16-row block
 products of the inverse with the scaled K / V tiles. Everything is accumulated
 in fp32; the dots building ``A`` and W / U use IEEE precision for fp32 inputs
 and TF32 otherwise, the inverse (substitution and merges) is always IEEE fp32.
@@ -229,8 +229,9 @@ def _wy_fwd_kernel(
     p10 = tl.dot(a31, x10, tl.dot(a30, x00, input_precision="ieee"), input_precision="ieee")
     x20 = -tl.dot(x22, p00, input_precision="ieee")
     x21 = -tl.dot(x22, p01, input_precision="ieee")
-    x30 = -tl.dot(x33, p10, tl.dot(x32, p00, input_precision="ieee"), input_precision="ieee")
-    x31 = -tl.dot(x33, p11, tl.dot(x32, p01, input_precision="ieee"), input_precision="ieee")
+    # the two products of each bottom-row block are independent: add them after
+    x30 = -(tl.dot(x33, p10, input_precision="ieee") + tl.dot(x32, p00, input_precision="ieee"))
+    x31 = -(tl.dot(x33, p11, input_precision="ieee") + tl.dot(x32, p01, input_precision="ieee"))
 
     if STORE_A:
         z = tl.zeros([16, 16], dtype=tl.float32)
