@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import partial
 
+import gdn_det_train
 from gdn_core import testkit
 from gdn_core.testkit import (  # noqa: F401 - re-exported for the tests
     GRAD_NAMES,
@@ -16,5 +17,5 @@ from gdn_core.testkit import (  # noqa: F401 - re-exported for the tests
     sha256,
 )
 
-run_script = partial(testkit.run_script, package="gdn_det_train")
-subprocess_env = partial(testkit.subprocess_env, "gdn_det_train")
+run_script = partial(testkit.run_script, package=gdn_det_train)
+subprocess_env = partial(testkit.subprocess_env, gdn_det_train)

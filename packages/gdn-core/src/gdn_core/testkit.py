@@ -2,19 +2,19 @@
 
 The four training packages share nothing but ``gdn_core``; their test suites
 need the same random inputs, token-loop oracle, error measures and
-fresh-interpreter runner, so those live here. ``package`` names the training
-package whose checkout a child interpreter must import.
+fresh-interpreter runner, so those live here. ``package`` is the training
+package (module) whose checkout a child interpreter must import.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -157,13 +157,13 @@ def sha256(x: torch.Tensor) -> str:
                           .tobytes()).hexdigest()
 
 
-def subprocess_env(package: str, **extra: str) -> dict:
+def subprocess_env(package: ModuleType, **extra: str) -> dict:
     """Environment for a child interpreter that imports this checkout's ``gdn_core``
-    and ``package`` (OMP_NUM_THREADS=1, no TRITON_INTERPRET unless in ``extra``)."""
+    and ``package`` (the training package's module, imported by the caller);
+    OMP_NUM_THREADS=1, no TRITON_INTERPRET unless in ``extra``."""
     import gdn_core
 
-    pkg = importlib.import_module(package)
-    paths = [str(Path(m.__file__).resolve().parents[1]) for m in (pkg, gdn_core)]
+    paths = [str(Path(m.__file__).resolve().parents[1]) for m in (package, gdn_core)]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     env["OMP_NUM_THREADS"] = "1"
@@ -172,7 +172,7 @@ def subprocess_env(package: str, **extra: str) -> dict:
     return env
 
 
-def run_script(script: str, *args: str, package: str, processes: int = 1, timeout: int = 300,
+def run_script(script: str, *args: str, package: ModuleType, processes: int = 1, timeout: int = 300,
                **env: str) -> list[dict]:
     """Run ``script`` in ``processes`` fresh interpreters concurrently; each prints one
     JSON line last, returned parsed in process order. A failing child fails the test."""
