@@ -5,30 +5,44 @@ One fold step applies a rank's summary to an incoming state, per value head::
     forward:   S_out  = M  S_in  + S_ext        (M: [HV,K,K], S: [HV,K,V])
     backward:  dS_in  = Mᵀ dS_out + dS_ext
 
-Every step is written as an explicit sum of rank-1 terms in a fixed order,
-each product and each sum rounded to fp32 on its own::
+Two implementations, each a fixed order of IEEE fp32 (or fp64) operations; no
+library matmul is involved, so neither ``torch.backends.cuda.matmul`` (TF32),
+nor oneDNN's reduced-precision modes, nor cuBLAS' choice of kernel by batch
+size can change a bit:
 
-    acc = 0;  for j in 0..K-1:  acc = acc + M[:, j] ⊗ S[j, :];   out = acc + E
+* ``"torch"`` — elementwise torch ops, an explicit sum of rank-1 terms, each
+  product and each sum rounded on its own (2·K small kernels per step)::
 
-No library matmul is involved, so neither ``torch.backends.cuda.matmul``
-(TF32), nor oneDNN's reduced-precision modes, nor cuBLAS' choice of kernel by
-batch size can change a bit. Two implementations compute exactly this:
+      acc = 0;  for j in 0..K-1:  acc = acc + M[:, j] ⊗ S[j, :];   out = acc + E
 
-* ``"torch"`` — elementwise torch ops (2·K small kernels per step): the CPU
-  path, and the float64 path (``gradcheck``);
-* ``"triton"`` — one kernel per step (fp-contraction disabled, so no fused
-  multiply-add): the CUDA path. It gives the same bits as the torch loop
-  (checked under ``TRITON_INTERPRET=1``).
+  The CPU path, and the float64 path (``gradcheck``).
+* ``"triton"`` — the CUDA path: tiled ``tl.dot(..., input_precision="ieee")``
+  (fp32 in, fp32 accumulate: never TF32), seeded with ``E``, over fixed
+  ``BJ``-wide slices of ``j`` in increasing order::
+
+      acc = E (or 0);  for j0 in 0, BJ, 2·BJ, ...:  acc = dot(M[:, j0:j0+BJ], S[j0:j0+BJ, :], acc)
+
+  On the GPU an fp32 IEEE ``tl.dot`` is a chain of fused multiply-adds per
+  output element, in ``j`` order; under ``TRITON_INTERPRET=1`` each slice is a
+  numpy matmul added to ``acc``. Either way the triton fold does **not**
+  reproduce the torch loop's bits (fused vs separately rounded products): it
+  agrees with it to fp32 rounding (tests: relative error ~1e-6).
+
+**The bit contract** is per device type: on one device type, every step gives
+the same bits whichever call computes it — :func:`fold_step` or any step of a
+:func:`fold_chain`, whatever the number of chains, steps or segments folded in
+the same launch (both Triton kernels share one tile routine and one pinned
+launch configuration, a function of ``K`` and ``V`` only, and every output
+element is its own sequential sum). That is what lets the single-rank segment
+path and the context-parallel composition fold alike.
 
 A chain ``fold_forward(seed, [(M1,E1), (M2,E2), ...])`` applies the steps in
 list order; the caller (the KCP composition) fixes the order from the plan.
 
 :func:`fold_chain` runs many chains of such steps at once (the segment path,
-:mod:`gdn_core.segment`): each step is exactly one :func:`fold_step` — the
-same expression per element, so the same bits — whichever chain, batch or
-launch it belongs to. On CUDA one kernel walks every chain (one program per
-chain, head and column block, the running state re-read from its output
-row); elsewhere the torch loop batches the ``t``-th steps of all chains.
+:mod:`gdn_core.segment`). On CUDA one kernel walks every chain (one program per
+column block, head and chain, the running state re-read from its output row);
+elsewhere the torch loop batches the ``t``-th steps of all chains.
 """
 
 from __future__ import annotations
@@ -69,12 +83,66 @@ def _fold_torch(M: torch.Tensor, S: torch.Tensor, E: torch.Tensor | None,
     return acc
 
 
+def fold_config(K: int, V: int) -> dict[str, int]:
+    """The pinned launch configuration of both fold kernels: one function of ``K``
+    and ``V``, so :func:`fold_step` and :func:`fold_chain` do the same per-element
+    arithmetic.
+
+    ``BJ`` is the slice of ``j`` per ``tl.dot``, ``BU`` the rows of ``j`` whose
+    loads are unrolled together, ``BV`` the column block of one program. A chain
+    is latency-bound — one program per (column block, head, chain) walks all its
+    steps; a column block of the output needs only the same column block of the
+    incoming state — so the column blocks are narrow, at ``tl.dot``'s smallest
+    width 16 (128 programs of 8 warps for 16 heads at V=128).
+
+    Both launches pin ``enable_fp_fusion=True`` (Triton's default is due to
+    change): the only floating-point operations of the kernels are the
+    multiply-adds of the fp32 ``tl.dot``, and fusion decides whether they are
+    FMAs (one rounding each, half the instructions) or separately rounded
+    multiplies and adds. That decides bits, so it is pinned, not inherited.
+    """
+    BK = max(16, triton.next_power_of_2(K))
+    return {
+        "BK": BK,
+        "BJ": min(BK, 32),
+        "BU": min(BK, 128),
+        "BV": 16,
+        "num_warps": 8,
+    }
+
+
+@triton.jit
+def _fold_tile(acc, p_m, s_mk, p_s, o_k, m_k, o_v, m_v,
+               K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BJ: tl.constexpr,
+               BU: tl.constexpr, TRANSPOSE: tl.constexpr):
+    """``acc + M[:, :K] @ S[:K, cols]`` (or ``Mᵀ``): IEEE fp32 dots over ``BJ``-wide
+    slices of ``j`` in increasing order (unrolled ``BU`` rows at a time, so that
+    the loads of a block are in flight together). ``S`` rows have stride ``V``;
+    ``M`` rows stride ``s_mk`` (unit columns). ``Mᵀ`` is read through the strides,
+    never ``tl.trans`` (DESIGN §5)."""
+    for j1 in range(0, BK, BU):
+        for j0 in tl.static_range(0, BU, BJ):
+            o_j = j1 + j0 + tl.arange(0, BJ)
+            m_j = o_j < K
+            m_a = m_k[:, None] & m_j[None, :]
+            if TRANSPOSE:  # Mᵀ[:, j] = M[j, :]
+                a = tl.load(p_m + o_j[None, :] * s_mk + o_k[:, None], mask=m_a, other=0.0)
+            else:  # M[:, j]
+                a = tl.load(p_m + o_k[:, None] * s_mk + o_j[None, :], mask=m_a, other=0.0)
+            s = tl.load(p_s + o_j[:, None] * V + o_v[None, :],
+                        mask=m_j[:, None] & m_v[None, :], other=0.0)  # S[j, cols]
+            acc = tl.dot(a, s, acc, input_precision="ieee")
+    return acc
+
+
 @triton.jit
 def _kcp_fold_kernel(
     M, S, E, O,
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
+    BJ: tl.constexpr,
+    BU: tl.constexpr,
     BV: tl.constexpr,
     TRANSPOSE: tl.constexpr,
     HAS_E: tl.constexpr,
@@ -85,20 +153,14 @@ def _kcp_fold_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < K
     m_v = o_v < V
-    p_m = M + i_h * K * K
-    p_s = S + i_h * K * V
-    acc = tl.zeros([BK, BV], dtype=tl.float32)
-    for j in range(K):
-        if TRANSPOSE:
-            a = tl.load(p_m + j * K + o_k, mask=m_k, other=0.0)  # M[j, :] = Mᵀ[:, j]
-        else:
-            a = tl.load(p_m + o_k * K + j, mask=m_k, other=0.0)  # M[:, j]
-        s = tl.load(p_s + j * V + o_v, mask=m_v, other=0.0)  # S[j, :]
-        acc = acc + a[:, None] * s[None, :]
     off = i_h * K * V + o_k[:, None] * V + o_v[None, :]
     m_kv = m_k[:, None] & m_v[None, :]
     if HAS_E:
-        acc = acc + tl.load(E + off, mask=m_kv, other=0.0)
+        acc = tl.load(E + off, mask=m_kv, other=0.0)
+    else:
+        acc = tl.zeros([BK, BV], dtype=tl.float32)
+    acc = _fold_tile(acc, M + i_h * K * K, K, S + i_h * K * V, o_k, m_k, o_v, m_v,
+                     K, V, BK, BJ, BU, TRANSPOSE)
     tl.store(O + off, acc, mask=m_kv)
 
 
@@ -111,12 +173,11 @@ def _fold_triton(M: torch.Tensor, S: torch.Tensor, E: torch.Tensor | None,
     out = torch.empty_like(S)
     if HV == 0 or K == 0 or V == 0:
         return out
-    BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 32 if BK <= 128 else 16)
-    _kcp_fold_kernel[(triton.cdiv(V, BV), HV)](
+    cfg = fold_config(K, V)
+    _kcp_fold_kernel[(triton.cdiv(V, cfg["BV"]), HV)](
         M, S, E if E is not None else S, out,
-        K=K, V=V, BK=BK, BV=BV, TRANSPOSE=transpose, HAS_E=E is not None,
-        num_warps=4, num_stages=1, enable_fp_fusion=False,
+        K=K, V=V, BK=cfg["BK"], BJ=cfg["BJ"], BU=cfg["BU"], BV=cfg["BV"], TRANSPOSE=transpose,
+        HAS_E=E is not None, num_warps=cfg["num_warps"], num_stages=1, enable_fp_fusion=True,
     )
     return out
 
@@ -133,6 +194,12 @@ def fold_step(
 
     ``M: [HV,K,K]``, ``S, E: [HV,K,V]``, all of one float dtype (fp32; fp64 on
     the torch path) and device. Returns a new ``[HV,K,V]`` tensor.
+
+    ``impl`` (default: :func:`resolve_fold_impl` — ``"triton"`` for fp32 CUDA
+    tensors, else ``"torch"``) picks the arithmetic; the two agree to fp32
+    rounding, not bitwise. On one device type the bits are those of every
+    :func:`fold_chain` step with the same operands, whatever else that launch
+    folds.
     """
     if M.dim() != 3 or S.dim() != 3 or M.shape[0] != S.shape[0] or M.shape[1:] != (
         S.shape[1], S.shape[1]
@@ -161,6 +228,8 @@ def _kcp_fold_chain_kernel(
     K: tl.constexpr,
     V: tl.constexpr,
     BK: tl.constexpr,
+    BJ: tl.constexpr,
+    BU: tl.constexpr,
     BV: tl.constexpr,
     TRANSPOSE: tl.constexpr,
 ):
@@ -179,34 +248,14 @@ def _kcp_fold_chain_kernel(
         it = tl.load(items + t).to(tl.int64)
         pv = tl.load(prev + t).to(tl.int64)
         ds = tl.load(dst + t).to(tl.int64)
-        e = tl.load(E + it * s_ep + i_h * s_eh + o_k[:, None] * s_ek + o_v[None, :],
-                    mask=m_kv, other=0.0)
-        if pv < 0:
-            acc = e
-        else:
-            p_m = M + it * s_mp + i_h * s_mh
-            p_s = O + (pv * HV + i_h) * K * V
-            acc = tl.zeros([BK, BV], dtype=tl.float32)
-            for j in tl.static_range(K):
-                if TRANSPOSE:
-                    a = tl.load(p_m + j * s_mk + o_k, mask=m_k, other=0.0)  # M[j, :]
-                else:
-                    a = tl.load(p_m + o_k * s_mk + j, mask=m_k, other=0.0)  # M[:, j]
-                s = tl.load(p_s + j * V + o_v, mask=m_v, other=0.0)  # S[j, :]
-                acc = acc + a[:, None] * s[None, :]
-            acc = acc + e
+        acc = tl.load(E + it * s_ep + i_h * s_eh + o_k[:, None] * s_ek + o_v[None, :],
+                      mask=m_kv, other=0.0)
+        if pv >= 0:  # this program's columns of the state: written by itself
+            acc = _fold_tile(acc, M + it * s_mp + i_h * s_mh, s_mk,
+                             O + (pv * HV + i_h) * K * V, o_k, m_k, o_v, m_v,
+                             K, V, BK, BJ, BU, TRANSPOSE)
         tl.store(O + (ds * HV + i_h) * K * V + off_s, acc, mask=m_kv)
         tl.debug_barrier()  # the next step reads this row back
-
-
-def fold_chain_config(K: int, V: int) -> dict[str, int]:
-    """Pinned launch configuration of the chain kernel (the bits do not depend on it:
-    every output element is its own sequential sum). The chain is latency-bound —
-    one program per (column block, head, chain) walks all its steps — so the
-    blocks are narrow: more programs, fewer products per thread and step."""
-    BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 8 if BK >= 128 else 16)
-    return {"BK": BK, "BV": BV, "num_warps": 4}
 
 
 @launcher(uses_atomics=False, kernels=(_kcp_fold_chain_kernel,))
@@ -217,13 +266,13 @@ def _fold_chain_triton(E, M, out, items, prev, dst, ptr, transpose):
     def t(x):
         return torch.tensor(x, dtype=torch.int32).to(dev, non_blocking=True)
 
-    cfg = fold_chain_config(K, V)
+    cfg = fold_config(K, V)
     n_chains = len(ptr) - 1
     _kcp_fold_chain_kernel[(triton.cdiv(V, cfg["BV"]), HV, n_chains)](
         E, M, out, t(items), t(prev), t(dst), t(ptr),
         E.stride(0), E.stride(1), E.stride(2), M.stride(0), M.stride(1), M.stride(2),
-        HV, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"], TRANSPOSE=transpose,
-        num_warps=cfg["num_warps"], num_stages=1, enable_fp_fusion=False,
+        HV, K=K, V=V, BK=cfg["BK"], BJ=cfg["BJ"], BU=cfg["BU"], BV=cfg["BV"], TRANSPOSE=transpose,
+        num_warps=cfg["num_warps"], num_stages=1, enable_fp_fusion=True,
     )
 
 
@@ -273,7 +322,8 @@ def fold_chain(
 
     ``prev[s]`` must be a seed row or the ``dst`` of an earlier step of the
     same chain; distinct chains must not share rows. Every step gives exactly
-    :func:`fold_step`'s bits, whatever the number of chains or steps.
+    the bits of :func:`fold_step` with the same ``impl`` (on CUDA: the same
+    device type), whatever the number of chains, steps or segments in the call.
     """
     if E.dim() != 4 or M.dim() != 4 or out.dim() != 4:
         raise ValueError("fold_chain needs E [P,HV,K,V], M [P,HV,K,K] and out [R,HV,K,V]")
