@@ -93,7 +93,10 @@ def fold_config(K: int, V: int) -> dict[str, int]:
     is latency-bound — one program per (column block, head, chain) walks all its
     steps; a column block of the output needs only the same column block of the
     incoming state — so the column blocks are narrow, at ``tl.dot``'s smallest
-    width 16 (128 programs of 8 warps for 16 heads at V=128).
+    width 16 (128 programs for 16 heads at V=128). Four warps up to K=128: the
+    FMA issue per SM is the same as with eight, and each thread's larger output
+    tile halves the shared-memory operand reads (sm_90, Triton 3.6: no spills);
+    eight at K=256 (registers).
 
     Both launches pin ``enable_fp_fusion=True`` (Triton's default is due to
     change): the only floating-point operations of the kernels are the
@@ -107,14 +110,14 @@ def fold_config(K: int, V: int) -> dict[str, int]:
         "BJ": min(BK, 32),
         "BU": min(BK, 128),
         "BV": 16,
-        "num_warps": 8,
+        "num_warps": 4 if BK <= 128 else 8,
     }
 
 
 @triton.jit
 def _fold_tile(acc, p_m, s_mk, p_s, o_k, m_k, o_v, m_v,
                K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BJ: tl.constexpr,
-               BU: tl.constexpr, TRANSPOSE: tl.constexpr):
+               BU: tl.constexpr, BV: tl.constexpr, TRANSPOSE: tl.constexpr):
     """``acc + M[:, :K] @ S[:K, cols]`` (or ``Mᵀ``): IEEE fp32 dots over ``BJ``-wide
     slices of ``j`` in increasing order (unrolled ``BU`` rows at a time, so that
     the loads of a block are in flight together). ``S`` rows have stride ``V``;
@@ -124,13 +127,19 @@ def _fold_tile(acc, p_m, s_mk, p_s, o_k, m_k, o_v, m_v,
         for j0 in tl.static_range(0, BU, BJ):
             o_j = j1 + j0 + tl.arange(0, BJ)
             m_j = o_j < K
-            m_a = m_k[:, None] & m_j[None, :]
             if TRANSPOSE:  # Mᵀ[:, j] = M[j, :]
-                a = tl.load(p_m + o_j[None, :] * s_mk + o_k[:, None], mask=m_a, other=0.0)
+                p_a = p_m + o_j[None, :] * s_mk + o_k[:, None]
             else:  # M[:, j]
-                a = tl.load(p_m + o_k[:, None] * s_mk + o_j[None, :], mask=m_a, other=0.0)
-            s = tl.load(p_s + o_j[:, None] * V + o_v[None, :],
-                        mask=m_j[:, None] & m_v[None, :], other=0.0)  # S[j, cols]
+                p_a = p_m + o_k[:, None] * s_mk + o_j[None, :]
+            p_b = p_s + o_j[:, None] * V + o_v[None, :]  # S[j, cols]
+            if K == BK:  # no masks where none is needed: vector loads
+                a = tl.load(p_a)
+            else:
+                a = tl.load(p_a, mask=m_k[:, None] & m_j[None, :], other=0.0)
+            if K == BK and V % BV == 0:
+                s = tl.load(p_b)
+            else:
+                s = tl.load(p_b, mask=m_j[:, None] & m_v[None, :], other=0.0)
             acc = tl.dot(a, s, acc, input_precision="ieee")
     return acc
 
@@ -160,7 +169,7 @@ def _kcp_fold_kernel(
     else:
         acc = tl.zeros([BK, BV], dtype=tl.float32)
     acc = _fold_tile(acc, M + i_h * K * K, K, S + i_h * K * V, o_k, m_k, o_v, m_v,
-                     K, V, BK, BJ, BU, TRANSPOSE)
+                     K, V, BK, BJ, BU, BV, TRANSPOSE)
     tl.store(O + off, acc, mask=m_kv)
 
 
@@ -253,7 +262,7 @@ def _kcp_fold_chain_kernel(
         if pv >= 0:  # this program's columns of the state: written by itself
             acc = _fold_tile(acc, M + it * s_mp + i_h * s_mh, s_mk,
                              O + (pv * HV + i_h) * K * V, o_k, m_k, o_v, m_v,
-                             K, V, BK, BJ, BU, TRANSPOSE)
+                             K, V, BK, BJ, BU, BV, TRANSPOSE)
         tl.store(O + (ds * HV + i_h) * K * V + off_s, acc, mask=m_kv)
         tl.debug_barrier()  # the next step reads this row back
 
