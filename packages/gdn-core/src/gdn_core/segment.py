@@ -505,9 +505,9 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
                         bool(use_qk_l2norm_in_kernel), (q, k, v, g, beta), initial_state)
     L = layout
     s = shapes
-    want = [int(e) | (int(m) << 1) for e, m in zip(L.need_E, L.need_M)]
+    want = any(L.need_E)  # some segment's summary is read (need_M implies need_E)
     if backend == "reference":
-        if any(want):
+        if want:
             st.summ = _reference_summaries(st)
         return st
 
@@ -528,7 +528,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
         st.q_used, st.k_used = qf, kf
     st.G = chunk_cumsum_fwd(gf, index)
     _, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group, output_A_inv=False)
-    if any(want):
+    if want:
         need = tabs.fwd_need
         _, _, st.summ = chunk_state_fwd(
             st.k_used, st.W, st.U, st.G, index, s.group, output_final_state=True,
@@ -720,11 +720,11 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     L = saved.segments
     bst = SegmentBackward(saved, do, dht, deterministic, workspace)
     s = saved.shapes
-    need = [int(x) for x in L.need_P]
+    need = any(L.need_P)
     sd = bst.state_dtype
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
     if saved.backend == "reference":
-        if any(need) and not L.trivial:
+        if need and not L.trivial:
             D0 = _doc_last_dht(L, dht, L.num_segments, sd)
             bst.P = _reference_state_grad(saved, do, init, D0)
         return bst
@@ -765,7 +765,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
                                           output_final_state=False, store_states=True)
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
-    if any(need) and not L.trivial:
+    if need and not L.trivial:
         D0 = _doc_last_dht(L, dht, L.num_segments, sd)
         flags = L.tables(k.device).bwd_need
         _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,

@@ -74,7 +74,7 @@ from typing import Any
 import torch
 
 from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
-from gdn_core.kcp.context import KCPContext
+from gdn_core.kcp.context import KCPContext, seg_exchange_rows
 from gdn_core.kcp.exchange import AllGather, RingPass, drive, drive_simulated
 from gdn_core.kcp.fold import fold_step
 from gdn_core.kcp.summary import fragment_summary, state_dtype
@@ -252,7 +252,7 @@ def _segment_forward_steps(a: _FwdArgs):
         if st is not None:
             remote = None
             if tab.first_continues:
-                rows = torch.tensor(ctx.seg_prefix_rows, dtype=torch.int64, device=dev)
+                rows = seg_exchange_rows(ctx, dev)[0]
                 remote = gathered.reshape(W * cap, HV, K, V + K)[rows]
             segment_fwd_fold(st, remote=remote)
     else:
@@ -550,7 +550,7 @@ def _segment_backward_steps(a: _BwdArgs):
         if bst is not None:
             remote = None
             if tab.last_continues:
-                rows = torch.tensor(ctx.seg_suffix_rows, dtype=torch.int64, device=dev)
+                rows = seg_exchange_rows(ctx, dev)[1]
                 remote = got.reshape(W * cap, HV, K, V + K)[rows]
             segment_bwd_fold(bst, remote=remote)
     else:

@@ -20,12 +20,18 @@ from typing import Any
 
 import torch
 
-from gdn_core.chunking import ChunkIndex
+from gdn_core.chunking import ChunkIndex, chunk_index
 from gdn_core.kcp.exchange import LocalExchange, ProcessGroupExchange
 from gdn_core.kcp.plan import KCPPlan, RankTable
 from gdn_core.typed import ModeTyped, require_instance
 
-__all__ = ["ConvHalo", "KCPContext", "build_context", "build_simulated_contexts"]
+__all__ = [
+    "ConvHalo",
+    "KCPContext",
+    "build_context",
+    "build_simulated_contexts",
+    "seg_exchange_rows",
+]
 
 
 @dataclass(frozen=True)
@@ -193,9 +199,9 @@ def _make(plan, rank, device, group, simulated, conv_kernel_size, context_cls) -
     index = first_index = last_index = None
     offs = table.local_offsets if table.num_fragments else (0, 0)
     if table.num_fragments:
-        index = ChunkIndex.build(list(offs), device)
-        first_index = ChunkIndex.build([0, table.first_length], device)
-        last_index = ChunkIndex.build([0, table.num_tokens - table.last_start], device)
+        index = chunk_index(offs, device)
+        first_index = chunk_index((0, table.first_length), device)
+        last_index = chunk_index((0, table.num_tokens - table.last_start), device)
     ctx = context_cls(
         plan=plan, rank=rank, table=table, device=device, group=group, simulated=simulated,
         cu_seqlens=torch.tensor(offs, dtype=torch.int32).to(device),
@@ -238,6 +244,16 @@ def _segment_tables(ctx: KCPContext, plan: KCPPlan, table: RankTable, device) ->
         suffix.extend(p * cap + (n - 1 - i) for i in range(n))
     ctx.seg_prefix_rows = tuple(prefix)
     ctx.seg_suffix_rows = tuple(suffix)
+    # their device copies, made now (one copy, cached) rather than between kernels of a step
+    seg_exchange_rows(ctx, device)
+
+
+def seg_exchange_rows(ctx: KCPContext, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(seg_prefix_rows, seg_suffix_rows)`` of ``ctx`` as int64 tensors on ``device``
+    (cached by value: :func:`gdn_core.hostcache.device_int_tables`)."""
+    from gdn_core.hostcache import device_int_tables
+
+    return device_int_tables((ctx.seg_prefix_rows, ctx.seg_suffix_rows), device, torch.int64)
 
 
 def _check_digests(plan: KCPPlan, group, rank: int, device: torch.device) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
+from gdn_core.chunking import CHUNK_SIZE, ChunkIndex, chunk_index
 from gdn_core.reference import chunk_cumsum_ref, chunk_states_ref, l2_normalize, wy_ref
 
 __all__ = ["fragment_summary", "state_dtype"]
@@ -111,7 +111,7 @@ def fragment_summary(
     if backend != "triton":
         raise ValueError(f"backend must be 'triton' or 'reference', got {backend!r}")
     if index is None:
-        index = ChunkIndex.build([0, stop - start], k.device)
+        index = chunk_index((0, stop - start), k.device)
     elif index.offsets != (0, stop - start):
         raise ValueError(f"index covers {index.offsets}, expected (0, {stop - start})")
     return _triton_summary(k, v, g, beta, need_M, use_qk_l2norm_in_kernel, index)
