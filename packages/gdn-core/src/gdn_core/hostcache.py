@@ -20,6 +20,7 @@ into a graph is not cached (its copy runs only when the graph replays).
 
 from __future__ import annotations
 
+import array
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
@@ -118,31 +119,36 @@ def pack_tables(tables: Sequence[tuple[Sequence[int], torch.dtype]],
     ``tables``: ``(values, dtype)`` pairs, ``dtype`` ``torch.int32`` or
     ``torch.int64``. Returns one contiguous 1-D tensor per table (slices of one
     buffer, each starting 64-byte aligned), in order, with exactly the values
-    and dtypes asked for.
+    and dtypes asked for. (The host buffer is filled through :mod:`array`,
+    several times faster than ``torch.tensor`` of a list.)
     """
-    parts: list[torch.Tensor] = []
+    buf = bytearray()
     spans: list[tuple[int, int, torch.dtype]] = []
-    at = 0
     for values, dtype in tables:
-        if dtype not in (torch.int32, torch.int64):
+        if dtype == torch.int32:
+            words = array.array("i", values)
+        elif dtype == torch.int64:
+            words = array.array("q", values)
+        else:
             raise TypeError(f"pack_tables packs int32/int64 tables, got {dtype}")
-        t = torch.tensor(values if isinstance(values, (list, tuple)) else list(values),
-                         dtype=dtype)
-        if dtype == torch.int64:
-            t = t.view(torch.int32)  # two int32 words per value, viewed back below
-        width = t.numel()
-        pad = _aligned(width) - width
-        parts.append(t)
-        if pad:
-            parts.append(torch.zeros(pad, dtype=torch.int32))
-        spans.append((at, width, dtype))
-        at += width + pad
-    host = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int32)
-    buf = host.to(device, non_blocking=True)
+        start = len(buf) // 4  # in int32 words
+        buf += words.tobytes()
+        spans.append((start, len(words), dtype))
+        buf += bytes(-len(buf) % (4 * _ALIGN))
+    dev = torch.device(device)
+    if not buf:
+        host = torch.zeros(0, dtype=torch.int32)
+    else:
+        host = torch.frombuffer(buf, dtype=torch.int32)
+        if dev.type == "cpu":
+            host = host.clone()  # own its memory
+    packed = host.to(dev, non_blocking=True)
     out = []
-    for start, width, dtype in spans:
-        piece = buf[start:start + width]
-        out.append(piece.view(torch.int64) if dtype == torch.int64 else piece)
+    for start, n, dtype in spans:
+        if dtype == torch.int64:
+            out.append(packed[start:start + 2 * n].view(torch.int64))
+        else:
+            out.append(packed[start:start + n])
     return out
 
 
