@@ -156,6 +156,23 @@ def test_wy(dims, dtype):
             assert (A_inv[start : start + n, :, n:] == 0).all()
 
 
+def test_wy_partial_chunks_every_block_edge():
+    """Chunk lengths on and around each 16-row block edge (the block stacks mask
+    their shifted rows by the chunk length), against the fp32 reference."""
+    lengths = [1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63]
+    offs, _, k, v, g, beta = _inputs(lengths, 1, 2, 32, 16, torch.float32, seed=5)
+    index = ChunkIndex.build(offs, "cpu")
+    bounds = _bounds(offs)
+    G = R.chunk_cumsum_ref(g, bounds)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 2)
+    A_ref, W_ref, U_ref = R.wy_ref(_expand(k, 2), v.float(), beta.float(), G, bounds)
+    _check("A_inv", A_inv, A_ref, 1e-5)
+    _check("W", W, W_ref, 1e-4)
+    _check("U", U, U_ref, 1e-4)
+    for bos, eos in bounds:
+        assert (A_inv[bos:eos, :, eos - bos :] == 0).all()
+
+
 def test_wy_strong_coupling():
     """Nearly parallel keys with β ≈ 1: large inverse entries, still accurate."""
     offs = [0, 64]
