@@ -52,6 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_core.hostcache import device_int_tables
 from gdn_core.ops.registry import launcher
 
 __all__ = ["FOLD_IMPLS", "fold_chain", "fold_step", "resolve_fold_impl"]
@@ -273,15 +274,12 @@ def _kcp_fold_chain_kernel(
 @launcher(uses_atomics=False, kernels=(_kcp_fold_chain_kernel,))
 def _fold_chain_triton(E, M, out, items, prev, dst, ptr, transpose):
     P, HV, K, V = E.shape
-    dev = out.device
-
-    def t(x):
-        return torch.tensor(x, dtype=torch.int32).to(dev, non_blocking=True)
-
+    # the chain tables of a layout reach the device once (cached by value)
+    d_items, d_prev, d_dst, d_ptr = device_int_tables((items, prev, dst, ptr), out.device)
     cfg = fold_config(K, V)
     n_chains = len(ptr) - 1
     _kcp_fold_chain_kernel[(triton.cdiv(V, cfg["BV"]), HV, n_chains)](
-        E, M, out, t(items), t(prev), t(dst), t(ptr),
+        E, M, out, d_items, d_prev, d_dst, d_ptr,
         E.stride(0), E.stride(1), E.stride(2), M.stride(0), M.stride(1), M.stride(2),
         HV, K=K, V=V, BK=cfg["BK"], BJ=cfg["BJ"], BU=cfg["BU"], BV=cfg["BV"], TRANSPOSE=transpose,
         num_warps=cfg["num_warps"], num_stages=1, enable_fp_fusion=True,
