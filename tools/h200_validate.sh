@@ -6,7 +6,8 @@
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
 # .whl/ must hold fla-core's wheel (python3 -m pip download --no-deps
-# fla-core==0.6.0 -d .whl). STAGES picks the parts ("tests bench kcp").
+# fla-core==0.6.0 -d .whl). STAGES picks the parts ("tests bench kcp");
+# TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
 #
 # A device command may run 10 minutes. The gpu tests are compile-bound (one
 # Triton compile per kernel variant): they run under pytest-xdist. With two
@@ -54,7 +55,7 @@ run_tests() {
 }
 
 run_kcp() {
-  for W in 2 4 8; do
+  for W in ${KCP_WORLDS:-2 4 8}; do
     timeout 80 "${SIDE_ENV[@]}" python3 benchmarks/bench_gdn_det_train_kcp.py --simulate \
       --world "$W" --boundary segment --seqlen 65536 --docs 16 --heads 16 --dim 128 \
       --warmup 2 --iters 5 --json "$OUT/kcp_w$W.json" > "$OUT/kcp_w$W.md" 2>&1
