@@ -195,6 +195,29 @@ def test_segment_path_without_initial_state_or_dht(backend):
         assert ((got[n] - x.grad).norm() / x.grad.norm()).item() < 1e-4, n
 
 
+@pytest.mark.parametrize("l2", [True, False])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_strided_views_of_a_packed_projection(backend, l2):
+    # q, k, v, g, beta as a model hands them over: views of one [T, C] projection
+    # (row stride C). A kernel reading them with unit-stride rows would see the
+    # wrong tokens; the result must be exactly the contiguous inputs' result.
+    lengths, H, HV, K, V = [200, 5, 70], 1, 2, 16, 16
+    offs = _offsets(lengths)
+    ins = _inputs(lengths, H=H, HV=HV, K=K, V=V, seed=4)
+    if not l2:
+        ins[1] = ins[1] / ins[1].norm(dim=-1, keepdim=True)
+    T = offs[-1]
+    widths = [H * K, H * K, HV * V, HV, HV]
+    packed = torch.cat([x.reshape(1, T, w) for x, w in zip(ins[:5], widths)], dim=-1)
+    views = [part.reshape(x.shape) for part, x in zip(packed.split(widths, dim=-1), ins[:5])]
+    assert not any(x.is_contiguous() for x in views)
+    want, _ = _run(ins, offs, S=64, l2=l2, backend=backend)
+    got, saved = _run(views + ins[5:], offs, S=64, l2=l2, backend=backend)
+    assert saved.segments is not None
+    for name in want:
+        assert torch.equal(got[name], want[name]), name
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_short_documents_take_the_plain_path(backend):
     lengths = [64, 100, 3]

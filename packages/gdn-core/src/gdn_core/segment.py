@@ -466,6 +466,9 @@ class SegmentForward:
     G: torch.Tensor | None = None
     W: torch.Tensor | None = None
     U: torch.Tensor | None = None
+    v_flat: torch.Tensor | None = None  # v, g, beta flat and contiguous (saved for backward)
+    g_flat: torch.Tensor | None = None
+    beta_flat: torch.Tensor | None = None
     summ: torch.Tensor | None = None  # [nseg, HV, K, V+K] = [E | M]
     S_in: torch.Tensor | None = None  # [nseg, HV, K, V] entry states (None: trivial)
     _out: torch.Tensor | None = field(default=None, repr=False)
@@ -520,7 +523,9 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     if index is None:
         index = tabs.index
     st.index = index
-    qf, kf, vf, gf, bf = (_flat(x) for x in (q, k, v, g, beta))
+    # the kernels read unit-stride rows: q/k/v arrive as views of a packed projection
+    qf, kf, vf, gf, bf = (_flat(x).contiguous() for x in (q, k, v, g, beta))
+    st.v_flat, st.g_flat, st.beta_flat = vf, gf, bf
     if st.l2:
         st.q_used, st.q_rstd = l2norm_fwd(qf)
         st.k_used, st.k_rstd = l2norm_fwd(kf)
@@ -633,8 +638,8 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         o = chunk_output_fwd(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
         o = o.reshape(s.B, s.T, s.HV, s.V)
         saved = GDNSaved(
-            st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, _flat(v),
-            _flat(g), _flat(beta), st.initial_state, index=st.index, G=st.G,
+            st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, st.v_flat,
+            st.g_flat, st.beta_flat, st.initial_state, index=st.index, G=st.G,
             q_rstd=st.q_rstd, k_rstd=st.k_rstd, segments=L, seg_states=st.S_in,
             seg_summ=st.summ,
         )
