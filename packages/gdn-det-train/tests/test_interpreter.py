@@ -1,6 +1,7 @@
 """The Triton path on CPU: the real kernels under TRITON_INTERPRET=1, in a fresh
 process (the variable must be set before triton is imported), small fp32
-problem against the fp32 oracle, plus bitwise repeatability of the kernels."""
+problem against the fp32 oracle, plus bitwise repeatability of the kernels and
+the same bits for row-strided input views (the segment path) as for copies."""
 
 from __future__ import annotations
 
@@ -64,6 +65,23 @@ _SCRIPT = textwrap.dedent(
                                    output_final_state=True, cu_seqlens=cu,
                                    use_qk_l2norm_in_kernel=True)
 
+    def kernel_seg(q, k, v, g, beta, h0, A_log, dt_bias):  # 64-token segments
+        return chunk_gated_delta_rule_det(
+            q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True, A_log=A_log,
+            dt_bias=dt_bias, segment_size=64)
+
+    def run_views(fn):
+        # q, k, v, g, beta as a model passes them: row-strided views of wider tensors
+        ins = (q, k, v, g, beta)
+        base = [torch.cat([t, torch.zeros_like(t)], -1).requires_grad_() for t in ins]
+        rest = [t.clone().requires_grad_() for t in (h0, A_log, dt_bias)]
+        views = [b[..., : t.shape[-1]] for b, t in zip(base, (q, k, v, g, beta))]
+        o, ht = fn(*views, *rest)
+        ((o * do).sum() + (ht * dht).sum()).backward()
+        grads = [b.grad[..., : t.shape[-1]] for b, t in zip(base, (q, k, v, g, beta))]
+        return [o.detach(), ht.detach()] + grads + [x.grad for x in rest]
+
     got = run(kernel)
     snapshot = [t.clone() for t in got]
     run(kernel, scale=0.5)  # another step through the same workspace
@@ -74,6 +92,8 @@ _SCRIPT = textwrap.dedent(
         "unchanged": unchanged,
         "rel": {n: ((a - b).norm() / b.norm()).item() for n, a, b in zip(names, got, ref)},
         "equal": all(torch.equal(a, b) for a, b in zip(got, again)),
+        "views_equal": all(torch.equal(a, b) for a, b in zip(run_views(kernel_seg),
+                                                             run(kernel_seg))),
     }))
     """
 )
@@ -88,3 +108,4 @@ def test_triton_interpreter_matches_reference():
     bad = {n: e for n, e in result["rel"].items() if not e < 1e-4}
     assert not bad, f"relative errors above 1e-4: {bad}"
     assert result["equal"], "two interpreter runs gave different bits"
+    assert result["views_equal"], "strided views of a projection gave other bits than copies"
