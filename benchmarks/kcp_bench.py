@@ -56,16 +56,13 @@ import common  # noqa: E402
 import torch  # noqa: E402
 from common import fmt  # noqa: E402
 
+# NVLink multicast off in this process and every rank process it starts
+MULTICAST_OFF = common.import_workspace_module("gdn_core.kcp.nccl").MULTICAST_OFF
+
 __all__ = ["ARMS", "PACKAGES", "ArmUnavailable", "PackageSpec", "main"]
 
 ARMS = ("local", "kcp", "ring")
 
-# Set for every process: no NVLink multicast (NVLS) in NCCL, symmetric memory, NVSHMEM.
-MULTICAST_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
 
 @dataclass(frozen=True)

@@ -51,6 +51,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from gdn_core.kcp.nccl import MULTICAST_OFF
 from torch import nn
 
 from gdn_det_train_kcp.conv import causal_conv1d_det_kcp
@@ -59,13 +60,6 @@ from gdn_det_train_kcp.plan import build_context_det_kcp, partition_det_kcp
 
 __all__ = ["DemoConfig", "TinyGDNLM", "main", "make_batch", "param_digest"]
 
-# Set for every process (this one and the ranks it starts): NVLink multicast
-# (NVLS) off for NCCL, symmetric memory and NVSHMEM.
-MULTICAST_OFF = {
-    "NCCL_NVLS_ENABLE": "0",
-    "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-    "NVSHMEM_DISABLE_NVLS": "1",
-}
 
 BOS = 0
 

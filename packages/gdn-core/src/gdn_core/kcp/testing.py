@@ -1,15 +1,18 @@
-"""Run a function on every rank of a gloo world of fresh processes (for tests).
+"""Run a function on every rank of a world of fresh processes (for tests).
 
-:func:`run_gloo_world` starts ``world_size`` Python processes, each of which
-initialises a gloo process group (file store), loads a worker file by path,
-calls ``function(rank, world_size, payload)`` and saves what it returns; the
-parent collects the results in rank order. A failing rank's traceback is
-raised in the parent. Batch several checks into one call: each process pays
-the interpreter and ``torch`` start-up (a few seconds on a small CPU).
+:func:`run_world` starts ``world_size`` Python processes, each of which
+initialises a process group (``gloo`` on CPU, or ``nccl`` with rank ``r`` on
+GPU ``r``; file store), loads a worker file by path, calls
+``function(rank, world_size, payload)`` and saves what it returns; the parent
+collects the results in rank order. A failing rank's traceback is raised in
+the parent. Batch several checks into one call: each process pays the
+interpreter and ``torch`` start-up (a few seconds on a small CPU).
 
-Workers run with ``OMP_NUM_THREADS=1`` and, unless the caller overrides it,
-``GDN_CORE_BACKEND=reference`` with ``TRITON_INTERPRET`` unset, so that they
-use the fp32 reference on CPU whatever the parent's test environment is.
+Workers run with ``OMP_NUM_THREADS=1`` and NVLink multicast off
+(:data:`gdn_core.kcp.nccl.MULTICAST_OFF`). Gloo workers also get, unless the caller overrides it,
+``GDN_CORE_BACKEND=reference`` with ``TRITON_INTERPRET`` unset, so that they use
+the fp32 reference on CPU whatever the parent's test environment is.
+:func:`run_gloo_world` is ``run_world(..., backend="gloo")``.
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["run_gloo_world"]
+from gdn_core.kcp.nccl import MULTICAST_OFF
+
+__all__ = ["run_gloo_world", "run_world"]
+
+BACKENDS = ("gloo", "nccl")
 
 
 def run_gloo_world(
@@ -36,16 +43,41 @@ def run_gloo_world(
     timeout: float = 240.0,
     env: dict[str, str] | None = None,
 ) -> list[Any]:
-    """Run ``function(rank, world_size, payload)`` of ``worker_file`` on a gloo world.
+    """:func:`run_world` over gloo (CPU, the reference backend unless ``env`` says otherwise)."""
+    return run_world(world_size, worker_file, function, payload, backend="gloo",
+                     timeout=timeout, env=env)
 
-    Returns the per-rank results (anything ``torch.save`` handles). Raises
+
+def run_world(
+    world_size: int,
+    worker_file: str | os.PathLike,
+    function: str,
+    payload: Any = None,
+    *,
+    backend: str = "gloo",
+    timeout: float = 240.0,
+    env: dict[str, str] | None = None,
+) -> list[Any]:
+    """Run ``function(rank, world_size, payload)`` of ``worker_file`` on a world.
+
+    ``backend``: ``"gloo"`` or ``"nccl"`` (one GPU per rank: needs
+    ``world_size <= torch.cuda.device_count()``). Returns the per-rank results
+    (anything ``torch.save`` handles; move CUDA tensors to the CPU first).
+    Raises ``ValueError`` for an unknown backend or too few GPUs, and
     ``RuntimeError`` with the failing ranks' output.
     """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    if backend == "nccl" and world_size > torch.cuda.device_count():
+        raise ValueError(f"an nccl world of {world_size} needs {world_size} GPUs, "
+                         f"found {torch.cuda.device_count()}")
     worker_file = str(Path(worker_file).resolve())
     child_env = dict(os.environ)
-    child_env.pop("TRITON_INTERPRET", None)
-    child_env["GDN_CORE_BACKEND"] = "reference"
+    if backend == "gloo":
+        child_env.pop("TRITON_INTERPRET", None)
+        child_env["GDN_CORE_BACKEND"] = "reference"
     child_env["OMP_NUM_THREADS"] = "1"
+    child_env.update(MULTICAST_OFF)
     # the children find the same packages as this process, installed or not
     child_env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     child_env.update(env or {})
@@ -54,7 +86,7 @@ def run_gloo_world(
         procs = []
         for rank in range(world_size):
             cmd = [sys.executable, "-m", "gdn_core.kcp.testing", worker_file, function,
-                   str(rank), str(world_size), tmp]
+                   str(rank), str(world_size), tmp, backend]
             procs.append(subprocess.Popen(cmd, env=child_env, stdout=subprocess.PIPE,
                                           stderr=subprocess.STDOUT, text=True))
         outputs, failed = [], []
@@ -74,18 +106,22 @@ def run_gloo_world(
         if failed:
             text = "\n".join(f"----- rank {r} (exit {procs[r].returncode}) -----\n{outputs[r]}"
                              for r in failed)
-            raise RuntimeError(f"gloo world of {world_size}: ranks {failed} failed\n{text}")
+            raise RuntimeError(f"{backend} world of {world_size}: ranks {failed} failed\n{text}")
         return [torch.load(os.path.join(tmp, f"result{r}.pt"), weights_only=False)
                 for r in range(world_size)]
 
 
 def _child(argv: list[str]) -> None:
-    worker_file, function, rank, world_size, tmp = argv
+    worker_file, function, rank, world_size, tmp, backend = argv
     rank, world_size = int(rank), int(world_size)
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"file://{os.path.join(tmp, 'store')}",
-                            rank=rank, world_size=world_size)
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    dist.init_process_group(backend, init_method=f"file://{os.path.join(tmp, 'store')}",
+                            rank=rank, world_size=world_size, **kwargs)
     try:
         # the worker is a test file given by path, not a module of this repository
         spec = importlib.util.spec_from_file_location(f"_gdn_kcp_worker_{rank}", worker_file)

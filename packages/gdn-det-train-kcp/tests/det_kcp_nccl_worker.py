@@ -1,0 +1,56 @@
+"""One rank of an NCCL world (GPU ``rank``), loaded by path by ``test_det_kcp_nccl.py``.
+
+A *case* is a dict: ``offsets``, ``boundary`` (and ``segment_size``),
+``exchange``, ``seed``, head sizes and ``dtype``; :func:`make_inputs` builds the
+global tensors identically in every process (CPU generator, then moved).
+"""
+
+from __future__ import annotations
+
+import gdn_det_train_kcp as kcp
+import torch
+import torch.nn.functional as F
+
+GRADS = ("dq", "dk", "dv", "dg", "dbeta")
+
+
+def make_inputs(case: dict, device) -> list[torch.Tensor]:
+    """``q, k, v, g, beta, do`` of the whole packed sequence, ``[1, T, ...]``."""
+    T = case["offsets"][-1]
+    H, HV, K, V = case["H"], case["HV"], case["K"], case["V"]
+    gen = torch.Generator().manual_seed(case["seed"])
+    q = torch.randn(1, T, H, K, generator=gen)
+    k = torch.randn(1, T, H, K, generator=gen)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen)) * 0.1
+    beta = torch.rand(1, T, HV, generator=gen)
+    do = torch.randn(1, T, HV, V, generator=gen)
+    dtype = getattr(torch, case["dtype"])
+    return [x.to(device, dtype) for x in (q, k, v, g, beta, do)]
+
+
+def plan_of(case: dict, world_size: int):
+    extra = {"segment_size": case["segment_size"]} if case.get("segment_size") else {}
+    return kcp.partition_det_kcp(case["offsets"], world_size, boundary=case["boundary"],
+                                 **extra)
+
+
+def nccl_checks(rank: int, world_size: int, payload: dict) -> list[dict]:
+    """Every case through the autograd form on this rank's shard → CPU tensors.
+    (``payload["device"] == "cpu"`` runs the same over gloo, for a dry run.)"""
+    torch.use_deterministic_algorithms(True)
+    dev = torch.device("cuda", rank) if payload.get("device", "cuda") == "cuda" else None
+    dev = dev or torch.device("cpu")
+    out = []
+    for case in payload["cases"]:
+        plan = plan_of(case, world_size)
+        ctx = kcp.build_context_det_kcp(plan, rank, device=dev)  # digest checked over NCCL
+        a, b = plan.token_range(rank)
+        ins = [t[:, a:b].contiguous() for t in make_inputs(case, dev)]
+        leaves = [t.requires_grad_(True) for t in ins[:5]]
+        o = kcp.chunk_gated_delta_rule_det_kcp(*leaves, context=ctx,
+                                               use_qk_l2norm_in_kernel=True,
+                                               exchange=case["exchange"])
+        o.backward(ins[5])
+        out.append({"o": o.detach().cpu(), **{n: x.grad.cpu() for n, x in zip(GRADS, leaves)}})
+    return out
