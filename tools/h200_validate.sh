@@ -6,7 +6,7 @@
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
 # .whl/ must hold fla-core's wheel (python3 -m pip download --no-deps
-# fla-core==0.6.0 -d .whl). STAGES picks the parts ("tests bench kcp");
+# fla-core==0.6.0 -d .whl). STAGES picks the parts ("tests bench kcp nccl");
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
 #
 # A device command may run 10 minutes. The gpu tests are compile-bound (one
@@ -14,7 +14,7 @@
 # The benchmark is two halves (fixed-length shapes; packed documents), each
 # ~250 s because fla autotunes per shape class; on nvidia-h200-x2 they run at
 # once, one per GPU. Stages never overlap, so no timed run shares a GPU.
-#   call 1: STAGES="tests bench"   (x2: ~520 s)      call 2: STAGES=kcp
+#   call 1: STAGES="tests bench"   (x2: ~520 s)      call 2: STAGES="kcp nccl"
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
@@ -81,8 +81,21 @@ run_kcp() {
   done
 }
 
+run_nccl() {  # issue 6: real ranks over NCCL, one per GPU (needs >= 2 GPUs)
+  if [[ $NGPU -lt 2 ]]; then echo "nccl: needs 2 GPUs, found $NGPU"; return; fi
+  timeout "$TEST_TIMEOUT" python3 -m pytest -q -m gpu -p no:cacheprovider \
+    --import-mode=importlib -ra packages/gdn-det-train-kcp/tests/test_det_kcp_nccl.py \
+    packages/gdn-train-kcp/tests/test_kcp_nccl.py > "$OUT/nccl_tests.log" 2>&1
+  echo "nccl tests exit $?"; tail -5 "$OUT/nccl_tests.log"
+  timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_gdn_det_train_kcp.py --world "$NGPU" \
+    --boundary segment --seqlen 131072 --docs 32 --heads 16 --dim 128 --warmup 3 --iters 10 \
+    --json "$OUT/kcp_nccl_w$NGPU.json" > "$OUT/kcp_nccl_w$NGPU.md" 2>&1
+  echo "kcp nccl world $NGPU exit $?"; grep -A5 -i slowest "$OUT/kcp_nccl_w$NGPU.md"
+}
+
 # One stage after another: nothing shares a GPU with a timed run.
 if [[ $STAGES == *tests* ]]; then run_tests; fi
 if [[ $STAGES == *bench* ]]; then run_bench; fi
 if [[ $STAGES == *kcp* ]]; then run_kcp; fi
+if [[ $STAGES == *nccl* ]]; then run_nccl; fi
 exit 0
