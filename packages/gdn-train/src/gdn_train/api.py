@@ -29,6 +29,7 @@ def chunk_gated_delta_rule(
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
     workspace: Workspace | None = None,
+    segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked GDN, differentiable, the fastest configuration (may use atomics).
 
@@ -45,6 +46,14 @@ def chunk_gated_delta_rule(
     they match the fp32 reference within tolerance but may differ in the last
     bits from run to run (atomics, autotuned configs). ``workspace``: a
     :class:`Workspace` the backward reuses.
+
+    ``segment_size`` (default 1024; a multiple of 64, or 0 for none): documents
+    longer than this run as fixed segments of that many tokens — summarised,
+    folded, then run in parallel: faster for a few long documents, slower where
+    the batch already fills the GPU (then pass 0). A
+    :class:`~gdn_core.layout.VarlenLayout` runs without segments
+    (``segment_size`` must be ``None`` or ``0``). Raises ``ValueError`` for any
+    other value.
     """
     if workspace is not None:
         require_instance(workspace, Workspace, "workspace")
@@ -52,7 +61,7 @@ def chunk_gated_delta_rule(
         q, k, v, g, beta, scale=scale, initial_state=initial_state,
         output_final_state=output_final_state, cu_seqlens=cu_seqlens,
         use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, use_gate_in_kernel=use_gate_in_kernel,
-        A_log=A_log, dt_bias=dt_bias, workspace=workspace,
+        A_log=A_log, dt_bias=dt_bias, workspace=workspace, segment_size=segment_size,
     )
 
 
@@ -71,6 +80,7 @@ def chunk_gdn_fwd(
     use_gate_in_kernel: bool = False,
     A_log: torch.Tensor | None = None,
     dt_bias: torch.Tensor | None = None,
+    segment_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, SavedSet]:
     """Forward of the split API: ``(o, final_state, saved)``.
 
@@ -83,6 +93,7 @@ def chunk_gdn_fwd(
             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
             use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+            segment_size=segment_size,
         )
 
 
