@@ -34,6 +34,7 @@ for tiny ``--shapes`` only. See ``benchmarks/README.md``.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import os
 import sys
@@ -93,6 +94,7 @@ class ArmSpec:
     what: str
     cuda_only: bool = False
     listed: bool = True
+    kwargs: tuple[tuple[str, Any], ...] = ()  # fixed extra keyword arguments of the call
 
 
 ARMS: dict[str, ArmSpec] = {
@@ -101,6 +103,12 @@ ARMS: dict[str, ArmSpec] = {
                 "gdn-det-train, deterministic"),
         ArmSpec("nondet", "gdn_train", "chunk_gated_delta_rule",
                 "gdn-train, non-deterministic"),
+        ArmSpec("det-plain", "gdn_det_train", "chunk_gated_delta_rule_det",
+                "gdn-det-train without segments (segment_size=0)",
+                kwargs=(("segment_size", 0),)),
+        ArmSpec("nondet-plain", "gdn_train", "chunk_gated_delta_rule",
+                "gdn-train without segments (segment_size=0)",
+                kwargs=(("segment_size", 0),)),
         ArmSpec("fla", "fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
                 "flash-linear-attention", cuda_only=True),
         ArmSpec("reference", "gdn_core.reference", "chunk_gdn_reference",
@@ -163,9 +171,11 @@ def load_arm(name: str, device: torch.device) -> LoadedArm:
             f"arm {name!r}: {spec.module} (from {where}) has no callable {spec.attr!r} "
             f"— not implemented yet?"
         )
+    if spec.kwargs:
+        fn = functools.partial(fn, **dict(spec.kwargs))
     top_module = sys.modules[top]
     info: dict[str, Any] = {
-        "entry": f"{spec.module}.{spec.attr}",
+        "entry": f"{spec.module}.{spec.attr}" + "".join(f", {k}={v!r}" for k, v in spec.kwargs),
         "what": spec.what,
         **common.module_origin(top_module),
     }
@@ -443,7 +453,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="';'-separated shape specs or 'anchors' (default: anchors; on a machine "
                         "without CUDA this is required and must be tiny)")
     p.add_argument("--arms", default="det,nondet",
-                   help="comma-separated arms among det, nondet, fla (default: det,nondet)")
+                   help="comma-separated arms among det, nondet, det-plain, nondet-plain "
+                        "(the packages with segment_size=0), fla (default: det,nondet)")
     p.add_argument("--compare", action="append", default=[], choices=["fla"],
                    help="also run fla's chunk_gated_delta_rule on the same inputs")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")

@@ -54,7 +54,7 @@ run_tests() {
 
 bench_half() {  # name shapes acc gpu cores
   timeout "$BENCH_TIMEOUT" env CUDA_VISIBLE_DEVICES="$4" taskset -c "$5" \
-    python3 benchmarks/bench_gdn_train.py --arms det,nondet --compare fla --warmup 5 \
+    python3 benchmarks/bench_gdn_train.py --arms det,nondet,det-plain --compare fla --warmup 5 \
     --iters 20 --shapes "$2" --acc-shapes "$3" --json "$OUT/bench_gdn_train_$1.json" \
     > "$OUT/bench_gdn_train_$1.md" 2>&1
   echo "bench $1 exit $?"

@@ -94,21 +94,8 @@ def test_smoke_reference_arm(tmp_path):
     assert report["accuracy"][0]["bitwise_repeatable"] is True
 
 
-def _has(module: str, attr: str) -> bool:
-    try:
-        return callable(getattr(common.import_workspace_module(module), attr, None))
-    except ImportError:
-        return False
-
-
-@pytest.mark.skipif(
-    not (_has("gdn_det_train", "chunk_gated_delta_rule_det")
-         and _has("gdn_train", "chunk_gated_delta_rule")),
-    reason="gdn_det_train.chunk_gated_delta_rule_det / gdn_train.chunk_gated_delta_rule "
-           "not implemented yet",
-)
 def test_smoke_det_and_nondet_arms(tmp_path):
-    report = _smoke(tmp_path, "det,nondet")
+    report = _smoke(tmp_path, "det,nondet,det-plain,nondet-plain")
     det = [r for r in report["results"] if r["arm"] == "det"]
     assert all(r["det_over_nondet_fwd"] > 0 and r["det_over_nondet_fwd_bwd"] > 0 for r in det)
     acc_det = [a for a in report["accuracy"] if a["arm"] == "det"]
@@ -116,6 +103,11 @@ def test_smoke_det_and_nondet_arms(tmp_path):
     info = report["meta"]["arms"]
     assert info["det"]["entry"] == "gdn_det_train.chunk_gated_delta_rule_det"
     assert info["nondet"]["entry"] == "gdn_train.chunk_gated_delta_rule"
+    assert info["det-plain"]["entry"] == "gdn_det_train.chunk_gated_delta_rule_det, segment_size=0"
+    assert info["nondet-plain"]["entry"] == "gdn_train.chunk_gated_delta_rule, segment_size=0"
+    for arm in ("det-plain", "nondet-plain"):
+        assert [r["arm"] for r in report["results"]].count(arm) == 2  # both tiny shapes
+        assert all("error" not in r for r in report["results"] if r["arm"] == arm)
 
 
 def test_fla_arm_on_cpu_fails_clearly():

@@ -8,8 +8,6 @@ as is.
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 from gdn_core import reference as ref
@@ -28,16 +26,6 @@ from gdn_core.ops.wy_bwd import wy_bwd
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 C = CHUNK_SIZE
-
-
-def _have(module: str) -> bool:
-    try:
-        return importlib.util.find_spec(module) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-HAVE_FORWARD = _have("gdn_core.ops.forward")
 
 
 # --------------------------------------------------------------------- helpers
@@ -379,7 +367,6 @@ def test_all_documents_empty():
 
 # ------------------------------------------------------- composed (with fwd)
 
-needs_forward = pytest.mark.skipif(not HAVE_FORWARD, reason="gdn_core.ops.forward not present")
 
 FULL = [
     pytest.param([0, 1, 63, 64, 65, 150], 1, 1, 32, 32, True, True, False, torch.float32,
@@ -393,7 +380,6 @@ FULL = [
 ]
 
 
-@needs_forward
 @pytest.mark.parametrize("lengths,H,group,K,V,with_h0,with_dht,l2norm,dtype", FULL)
 def test_full_backward(lengths, H, group, K, V, with_h0, with_dht, l2norm, dtype):
     """Forward kernels + recompute + every backward stage vs autograd of the token loop."""
@@ -429,7 +415,6 @@ def test_full_backward(lengths, H, group, K, V, with_h0, with_dht, l2norm, dtype
         _close(got[5], want[5], tol, "dh0")
 
 
-@needs_forward
 def test_compose_entry_points_deterministic():
     """chunk_gdn_fwd/bwd (triton backend) twice: bitwise equal, no atomic launcher, and
     gradients matching the reference backend."""
@@ -480,7 +465,6 @@ GPU_CASES = [
 
 
 @pytest.mark.gpu
-@needs_forward
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 @pytest.mark.parametrize("lengths,H,group,K,V", GPU_CASES)
