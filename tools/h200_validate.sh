@@ -81,12 +81,14 @@ run_kcp() {
   done
 }
 
-run_nccl() {  # issue 6: real ranks over NCCL, one per GPU (needs >= 2 GPUs)
+run_nccl() {  # issue 6: real ranks over NCCL, one per GPU (needs >= 2 GPUs); the demo
   if [[ $NGPU -lt 2 ]]; then echo "nccl: needs 2 GPUs, found $NGPU"; return; fi
   timeout "$TEST_TIMEOUT" python3 -m pytest -q -m gpu -p no:cacheprovider \
     --import-mode=importlib -ra packages/gdn-det-train-kcp/tests/test_det_kcp_nccl.py \
     packages/gdn-train-kcp/tests/test_kcp_nccl.py > "$OUT/nccl_tests.log" 2>&1
   echo "nccl tests exit $?"; tail -5 "$OUT/nccl_tests.log"
+  timeout 300 python3 -m gdn_det_train_kcp.demo --device cuda > "$OUT/demo_nccl.log" 2>&1
+  echo "demo over NCCL exit $?"; tail -4 "$OUT/demo_nccl.log"
   timeout "$BENCH_TIMEOUT" python3 benchmarks/bench_gdn_det_train_kcp.py --world "$NGPU" \
     --boundary segment --seqlen 131072 --docs 32 --heads 16 --dim 128 --warmup 3 --iters 10 \
     --json "$OUT/kcp_nccl_w$NGPU.json" > "$OUT/kcp_nccl_w$NGPU.md" 2>&1
