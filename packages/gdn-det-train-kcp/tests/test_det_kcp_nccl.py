@@ -17,6 +17,7 @@ import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.kcp.testing import run_world
+from gdn_core.testkit import kcp_case_inputs
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -42,12 +43,7 @@ CASES = [
 
 def _single_gpu(case: dict) -> dict:
     """The whole input on GPU 0 through the deterministic single-rank path."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("_det_kcp_nccl_worker", WORKER)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    q, k, v, g, beta, do = worker.make_inputs(case, torch.device("cuda", 0))
+    q, k, v, g, beta, do = kcp_case_inputs(case, torch.device("cuda", 0))
     seg = case.get("segment_size") or 0
     o, _, saved = chunk_gdn_fwd(q, k, v, g, beta, cu_seqlens=case["offsets"],
                                 deterministic=True, use_qk_l2norm_in_kernel=True,

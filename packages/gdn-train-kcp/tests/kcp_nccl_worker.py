@@ -1,32 +1,18 @@
 """One rank of an NCCL world (GPU ``rank``), loaded by path by ``test_kcp_nccl.py``.
 
 A *case* is a dict: ``offsets``, ``boundary`` (and ``segment_size``),
-``exchange``, ``seed``, head sizes and ``dtype``; :func:`make_inputs` builds the
-global tensors identically in every process (CPU generator, then moved).
+``exchange``, ``seed``, head sizes and ``dtype``;
+:func:`gdn_core.testkit.kcp_case_inputs` builds the global tensors identically
+in every process.
 """
 
 from __future__ import annotations
 
 import gdn_train_kcp as kcp
 import torch
-import torch.nn.functional as F
+from gdn_core.testkit import kcp_case_inputs
 
 GRADS = ("dq", "dk", "dv", "dg", "dbeta")
-
-
-def make_inputs(case: dict, device) -> list[torch.Tensor]:
-    """``q, k, v, g, beta, do`` of the whole packed sequence, ``[1, T, ...]``."""
-    T = case["offsets"][-1]
-    H, HV, K, V = case["H"], case["HV"], case["K"], case["V"]
-    gen = torch.Generator().manual_seed(case["seed"])
-    q = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen)
-    v = torch.randn(1, T, HV, V, generator=gen)
-    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen)) * 0.1
-    beta = torch.rand(1, T, HV, generator=gen)
-    do = torch.randn(1, T, HV, V, generator=gen)
-    dtype = getattr(torch, case["dtype"])
-    return [x.to(device, dtype) for x in (q, k, v, g, beta, do)]
 
 
 def plan_of(case: dict, world_size: int):
@@ -45,7 +31,7 @@ def nccl_checks(rank: int, world_size: int, payload: dict) -> list[dict]:
         plan = plan_of(case, world_size)
         ctx = kcp.build_context_kcp(plan, rank, device=dev)  # digest checked over NCCL
         a, b = plan.token_range(rank)
-        ins = [t[:, a:b].contiguous() for t in make_inputs(case, dev)]
+        ins = [t[:, a:b].contiguous() for t in kcp_case_inputs(case, dev)]
         leaves = [t.requires_grad_(True) for t in ins[:5]]
         o = kcp.chunk_gated_delta_rule_kcp(*leaves, context=ctx,
                                                use_qk_l2norm_in_kernel=True,

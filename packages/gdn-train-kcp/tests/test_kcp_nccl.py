@@ -9,13 +9,13 @@ not bits.
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.kcp.testing import run_world
+from gdn_core.testkit import kcp_case_inputs
 
 pytestmark = [
     pytest.mark.gpu,
@@ -35,10 +35,7 @@ CASES = [
 
 
 def _single_gpu(case: dict) -> dict:
-    spec = importlib.util.spec_from_file_location("_kcp_nccl_worker", WORKER)
-    worker = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(worker)
-    q, k, v, g, beta, do = worker.make_inputs(case, torch.device("cuda", 0))
+    q, k, v, g, beta, do = kcp_case_inputs(case, torch.device("cuda", 0))
     o, _, saved = chunk_gdn_fwd(q, k, v, g, beta, cu_seqlens=case["offsets"],
                                 deterministic=False, use_qk_l2norm_in_kernel=True)
     grads = chunk_gdn_bwd(saved, do, deterministic=False)

@@ -25,6 +25,7 @@ __all__ = [
     "GRAD_NAMES",
     "assert_close",
     "assert_equal",
+    "kcp_case_inputs",
     "make_inputs",
     "reference_gdn",
     "rel_err",
@@ -80,6 +81,26 @@ def make_inputs(lengths=None, B=1, T=None, H=1, HV=2, K=16, V=16, dtype=torch.fl
         inputs["g"] = uni(B, T, HV, lo=-1.0, hi=0.0, dt=sdt)
     cot = {"do": rnd(B, T, HV, V), "dht": rnd(N, HV, K, V).to(sdt)}
     return inputs, cu, cot
+
+
+def kcp_case_inputs(case: dict, device) -> list[torch.Tensor]:
+    """``q, k, v, g, beta, do`` ``[1, T, ...]`` of a context-parallel test case.
+
+    ``case``: ``offsets`` (``T = offsets[-1]``), ``H, HV, K, V``, ``seed`` and
+    ``dtype`` (a ``torch`` attribute name, e.g. ``"bfloat16"``). Drawn on the CPU
+    from the seed, then moved: identical in every rank process and in the parent.
+    """
+    T = case["offsets"][-1]
+    H, HV, K, V = case["H"], case["HV"], case["K"], case["V"]
+    gen = torch.Generator().manual_seed(case["seed"])
+    q = torch.randn(1, T, H, K, generator=gen)
+    k = torch.randn(1, T, H, K, generator=gen)
+    v = torch.randn(1, T, HV, V, generator=gen)
+    g = F.logsigmoid(torch.randn(1, T, HV, generator=gen)) * 0.1
+    beta = torch.rand(1, T, HV, generator=gen)
+    do = torch.randn(1, T, HV, V, generator=gen)
+    dtype = getattr(torch, case["dtype"])
+    return [x.to(device, dtype) for x in (q, k, v, g, beta, do)]
 
 
 def reference_gdn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
