@@ -147,15 +147,13 @@ def test_device_int_tables_cached():
 
 def test_no_table_copies_per_call(monkeypatch):
     """A second call of a layout builds no index, layout or table again."""
-    import gdn_core.chunking as ch
-    from gdn_core import segment
+    import gdn_core.chunking as ch  # every layout table is packed there (ChunkIndex.build_with)
 
     offs = (0, 200, 700)
     L = SegmentLayout.build(offs, 128, has_h0=True)
     L.tables("cpu")
     chunk_index(offs, "cpu")
     calls = []
-    monkeypatch.setattr(segment, "pack_tables", lambda *a, **k: calls.append(a))
     monkeypatch.setattr(ch, "pack_tables", lambda *a, **k: calls.append(a))
     assert SegmentLayout.build(offs, 128, has_h0=True).tables("cpu") is L.tables("cpu")
     chunk_index(list(offs), "cpu")
@@ -171,7 +169,6 @@ def _interpreted() -> bool:
 @pytest.mark.skipif(not _interpreted(), reason="needs the Triton interpreter")
 @pytest.mark.parametrize("S", [64, 0])
 def test_repeated_call_reuses_tables_same_bits(monkeypatch, S):
-    from gdn_core import segment
     from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 
     offs = [0, 150, 170]
@@ -193,13 +190,12 @@ def test_repeated_call_reuses_tables_same_bits(monkeypatch, S):
 
     first = run()
     calls = []
-    real = segment.pack_tables
+    real = chunking.pack_tables  # every layout table is packed there
 
     def counting(*a, **kw):
         calls.append(1)
         return real(*a, **kw)
 
-    monkeypatch.setattr(segment, "pack_tables", counting)
     monkeypatch.setattr(chunking, "pack_tables", counting)
     second = run()
     assert calls == []

@@ -9,6 +9,7 @@ document may be short. The kernels address chunks through a :class:`ChunkIndex`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -90,13 +91,23 @@ class ChunkIndex:
         The device tables are slices of one buffer filled by a single
         host→device copy. :func:`chunk_index` returns a cached one.
         """
+        return cls.build_with(offsets, device, chunk_size)[0]
+
+    @classmethod
+    def build_with(
+        cls, offsets, device: torch.device | str, chunk_size: int = CHUNK_SIZE,
+        extra: Sequence[tuple[Sequence[int], torch.dtype]] = (),
+    ) -> tuple[ChunkIndex, list[torch.Tensor]]:
+        """:meth:`build`, plus ``extra`` ``(values, dtype)`` tables carried to the
+        device in the same single copy (:func:`gdn_core.hostcache.pack_tables`).
+        Returns ``(index, extra tensors in order)``."""
         offs = tuple(int(x) for x in offsets)
         chunk_doc, chunk_start, chunk_len, chunk_offsets = chunk_host_tables(offs, chunk_size)
         i32 = torch.int32
-        doc, start, length, doc_offs, doc_chunk_offs = pack_tables(
+        doc, start, length, doc_offs, doc_chunk_offs, *rest = pack_tables(
             [(chunk_doc, i32), (chunk_start, i32), (chunk_len, i32), (offs, i32),
-             (chunk_offsets, i32)], device)
-        return cls(
+             (chunk_offsets, i32), *extra], device)
+        index = cls(
             offsets=offs,
             chunk_offsets=tuple(chunk_offsets),
             chunk_size=chunk_size,
@@ -106,6 +117,7 @@ class ChunkIndex:
             doc_offsets=doc_offs,
             doc_chunk_offsets=doc_chunk_offs,
         )
+        return index, rest
 
 
 def chunk_host_tables(offsets, chunk_size: int = CHUNK_SIZE

@@ -49,9 +49,9 @@ from typing import Any
 
 import torch
 
-from gdn_core.chunking import CHUNK_SIZE, ChunkIndex, chunk_host_tables
+from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
 from gdn_core.compose import GDNGrads, GDNSaved
-from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables
+from gdn_core.hostcache import LRUCache, capturing, device_key
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -300,9 +300,6 @@ class SegmentTables:
     @classmethod
     def build(cls, L: SegmentLayout, device) -> SegmentTables:
         i32, i64 = torch.int32, torch.int64
-        offs = L.seg_offsets
-        C = CHUNK_SIZE
-        chunk_doc, chunk_start, chunk_len, chunk_offsets = chunk_host_tables(offs, C)
         want = [int(e) | (int(m) << 1) for e, m in zip(L.need_E, L.need_M)]
         need_P = [int(x) for x in L.need_P]
         N = L.num_docs
@@ -310,17 +307,13 @@ class SegmentTables:
         dht_docs = [d for d in range(N) if not (d == N - 1 and L.last_continues)]
         fwd_all = all(w == 3 for w in want)
         bwd_all = all(need_P)
-        t = pack_tables([
-            (chunk_doc, i32), (chunk_start, i32), (chunk_len, i32), (offs, i32),
-            (chunk_offsets, i32), ([] if fwd_all else want, i32),
-            ([] if bwd_all else need_P, i32), (L.first_rows, i64), (L.last_rows, i64),
+        index, t = ChunkIndex.build_with(L.seg_offsets, device, CHUNK_SIZE, extra=[
+            ([] if fwd_all else want, i32), ([] if bwd_all else need_P, i32),
+            (L.first_rows, i64), (L.last_rows, i64),
             (h0_docs, i64), ([L.first_rows[d] for d in h0_docs], i64),
             (dht_docs, i64), ([L.last_rows[d] for d in dht_docs], i64),
-        ], device)
-        index = ChunkIndex(offsets=offs, chunk_offsets=tuple(chunk_offsets), chunk_size=C,
-                           chunk_doc=t[0], chunk_start=t[1], chunk_len=t[2], doc_offsets=t[3],
-                           doc_chunk_offsets=t[4])
-        return cls(index, None if fwd_all else t[5], None if bwd_all else t[6], *t[7:])
+        ])
+        return cls(index, None if fwd_all else t[0], None if bwd_all else t[1], *t[2:])
 
 
 def forward_chains(layout: SegmentLayout, *, n_remote: int = 0, seeded_first: bool = False,
