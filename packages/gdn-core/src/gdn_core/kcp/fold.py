@@ -37,9 +37,6 @@ launch configuration, a function of ``K`` and ``V`` only, and every output
 element is its own sequential sum). That is what lets the single-rank segment
 path and the context-parallel composition fold alike.
 
-A chain ``fold_forward(seed, [(M1,E1), (M2,E2), ...])`` applies the steps in
-list order; the caller (the KCP composition) fixes the order from the plan.
-
 :func:`fold_chain` runs many chains of such steps at once (the segment path,
 :mod:`gdn_core.segment`). On CUDA one kernel walks every chain (one program per
 column block, head and chain, the running state re-read from its output row);
