@@ -23,6 +23,7 @@ from gdn_core.ops import (
     l2norm_fwd,
     record_launches,
     registered_launchers,
+    wy_apply,
     wy_fwd,
 )
 
@@ -149,6 +150,9 @@ def test_wy(dims, dtype):
     _check("A_inv", A_inv, A_ref, 1e-5)
     _check("W", W, W_ref, TOL[dtype])
     _check("U", U, U_ref, TOL[dtype])
+    # the backward's W, U from the stored inverse: the same bits
+    W2, U2 = wy_apply(k, v, beta, G, A_inv, index, group)
+    assert torch.equal(W2, W) and torch.equal(U2, U)
     # columns past each chunk's length are exactly zero
     for bos, eos in bounds:
         for start in range(bos, eos, 64):
@@ -191,6 +195,17 @@ def test_wy_strong_coupling():
     # the forward pass skips A_inv but gets the same W and U
     none, W2, U2 = wy_fwd(k, v, beta, G, index, 1, output_A_inv=False)
     assert none is None and torch.equal(W2, W) and torch.equal(U2, U)
+
+
+def test_wy_apply_rejects_a_wrong_inverse():
+    offs = [0, 70]
+    index = ChunkIndex.build(offs, "cpu")
+    k, v = torch.randn(70, 1, 32), torch.randn(70, 2, 16)
+    beta, G = torch.rand(70, 2), torch.zeros(70, 2)
+    with pytest.raises(ValueError, match=r"A_inv must be \[T, HV, 64\]"):
+        wy_apply(k, v, beta, G, torch.zeros(70, 2, 32), index, 2)
+    with pytest.raises(ValueError, match="fp32"):
+        wy_apply(k, v, beta, G, torch.zeros(70, 2, 64, dtype=torch.float16), index, 2)
 
 
 # ----------------------------------------------------------- chunk state ---
