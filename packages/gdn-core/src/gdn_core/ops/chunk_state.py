@@ -143,11 +143,16 @@ def chunk_state_config(K: int, V: int) -> dict[str, int]:
 
     ``BK`` covers all of ``K`` (the state's rows live in one tile); ``BV``
     trades parallelism (programs = docs × HV × V/BV) against per-program work.
+    The chunk loop is a serial chain (dot → v_new → dot), so the next chunks'
+    tiles must already be in flight: with ``num_stages=3`` the pipeliner issues
+    chunk ``c+2``'s ``W``, ``U``, ``K`` and ``G`` copies while chunk ``c`` runs
+    (with 2 they are issued after chunk ``c``'s dots and waited on at once).
+    At ``BK = 256`` three stages do not fit in shared memory.
     """
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), 32 if BK >= 128 else 64)
     num_warps = 4 if BK * BV <= 64 * 64 else 8
-    return {"BK": BK, "BV": BV, "num_warps": num_warps, "num_stages": 2}
+    return {"BK": BK, "BV": BV, "num_warps": num_warps, "num_stages": 3 if BK <= 128 else 2}
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_state_fwd_kernel,))

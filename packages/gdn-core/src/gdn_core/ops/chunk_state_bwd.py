@@ -11,6 +11,14 @@ One program per (V block, value head, document) keeps its ``[K, BV]`` slice of
 over K, so K cannot be split across programs). Transposed operands (``Qᵀ``,
 ``Wᵀ``) are loaded through swapped strides.
 
+Latency, not arithmetic, bounds this loop (three dependent dots per chunk), so
+everything a chunk reads is a function of the chunk's position alone: chunk
+rows come from the document's offsets (no per-chunk table lookups whose loads
+would head the chain), and every tile is a direct dot operand or is scaled on
+the other side of the dot (``diag(kd) (K dS)`` rather than ``(diag(kd) K) dS``;
+``Qᵀ (diag(scale Γ) dO)``), which lets the pipeliner (``num_stages=3``) keep
+the next chunks' copies in flight while the current chunk runs.
+
 Outputs:
 
 * ``dh [NT, HV, K, V]`` — ``dh[c] = dS_{c+1}``, the gradient of the state
@@ -52,8 +60,7 @@ def _chunk_state_bwd_kernel(
     dh,
     dv,
     dh0,
-    chunk_start,
-    chunk_len,
+    doc_offsets,
     doc_chunk_offsets,
     need,
     scale,
@@ -86,59 +93,66 @@ def _chunk_state_bwd_kernel(
     m_v = o_v < V
     m_kv = m_k[:, None] & m_v[None, :]
     off_kv = o_k[:, None] * V + o_v[None, :]
-
     off_state = (i_n.to(tl.int64) * HV + i_hv) * (K * V)
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if USE_DHT:
         b_dh += tl.load(dht + off_state + off_kv, mask=m_kv, other=0.0).to(tl.float32)
 
-    c0 = tl.load(doc_chunk_offsets + i_n)
-    c1 = tl.load(doc_chunk_offsets + i_n + 1)
-    for it in range(0, c1 - c0):
-        i_c = c1 - 1 - it
-        start = tl.load(chunk_start + i_c).to(tl.int64)
-        L = tl.load(chunk_len + i_c)
+    bos = tl.load(doc_offsets + i_n).to(tl.int64)
+    eos = tl.load(doc_offsets + i_n + 1).to(tl.int64)
+    c0 = tl.load(doc_chunk_offsets + i_n).to(tl.int64)
+    n_chunks = tl.cdiv(eos - bos, BT)
+    for it in range(0, n_chunks):
+        ic = n_chunks - 1 - it
+        t0 = bos + ic * BT
+        L = tl.minimum(eos - t0, BT).to(tl.int32)
         m_t = o_t < L
-        rows = start + o_t
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_kt = m_k[:, None] & m_t[None, :]
+        m_tv = m_t[:, None] & m_v[None, :]
+        rows = t0 + o_t
+        off_tv = rows[:, None] * (HV * V) + i_hv * V + o_v[None, :]
 
         # dh[c] = dS_{c+1}
         if STORE:
-            off_c = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
-            tl.store(dh + off_c + off_kv, b_dh.to(dh.dtype.element_ty), mask=m_kv)
+            tl.store(dh + ((c0 + ic) * HV + i_hv) * (K * V) + off_kv, b_dh.to(dh.dtype.element_ty),
+                     mask=m_kv)
 
-        b_g = tl.load(G + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-        g_last = tl.load(G + (start + L - 1) * HV + i_hv).to(tl.float32)
-
-        # dV' = dv_local + Kd dS_{c+1}
-        m_tk = m_t[:, None] & m_k[None, :]
         b_k = tl.load(k + rows[:, None] * (H * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.0)
+        b_dvl = tl.load(dv_local + off_tv, mask=m_tv, other=0.0)
+        b_qt = tl.load(q + rows[None, :] * (H * K) + i_h * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_wt = tl.load(W + rows[None, :] * (HV * K) + i_hv * K + o_k[:, None], mask=m_kt, other=0.0)
+        b_do = tl.load(do + off_tv, mask=m_tv, other=0.0)
+        p_g = G + t0 * HV + i_hv
+        b_g = tl.load(p_g + o_t * HV, mask=m_t, other=0.0)
+        g_last = tl.load(p_g + (L - 1) * HV)
+
+        # dV' = dv_local + diag(exp(G_last - G)) (K dS_{c+1})
         kd = tl.where(m_t, tl.exp(g_last - b_g), 0.0)
-        b_kd = (b_k.to(tl.float32) * kd[:, None]).to(dt)
-        m_tv = m_t[:, None] & m_v[None, :]
-        off_tv = rows[:, None] * (HV * V) + i_hv * V + o_v[None, :]
-        b_dv = tl.load(dv_local + off_tv, mask=m_tv, other=0.0).to(tl.float32)
-        b_dv += tl.dot(b_kd, b_dh.to(dt), input_precision=DOT_PREC)
+        b_dv = tl.dot(b_k, b_dh.to(dt), input_precision=DOT_PREC) * kd[:, None]
+        b_dv += b_dvl.to(tl.float32)
         if STORE:
             tl.store(dv + off_tv, b_dv.to(dv.dtype.element_ty), mask=m_tv)
 
-        # dS_c = exp(G_last) dS_{c+1} + scale (Γ Q)^T dO - W^T dV'
-        m_kt = m_k[:, None] & m_t[None, :]
-        b_qt = tl.load(q + rows[None, :] * (H * K) + i_h * K + o_k[:, None], mask=m_kt, other=0.0)
-        b_qt = (b_qt.to(tl.float32) * (tl.exp(b_g) * scale)[None, :]).to(dt)
-        b_wt = tl.load(W + rows[None, :] * (HV * K) + i_hv * K + o_k[:, None], mask=m_kt, other=0.0)
-        b_do = tl.load(do + off_tv, mask=m_tv, other=0.0)
-        b_dh = b_dh * tl.exp(g_last)
-        b_dh += tl.dot(b_qt, b_do, input_precision=DOT_PREC)
-        b_dh -= tl.dot(b_wt.to(dt), b_dv.to(dt), input_precision=DOT_PREC)
+        # dS_c = exp(G_last) dS_{c+1} + Q^T (scale Γ dO) - W^T dV'
+        b_dos = (b_do.to(tl.float32) * (tl.exp(b_g) * scale)[:, None]).to(dt)
+        b_dh = tl.dot(b_qt, b_dos, b_dh * tl.exp(g_last), input_precision=DOT_PREC)
+        b_dh = tl.dot(b_wt.to(dt), (-b_dv).to(dt), b_dh, input_precision=DOT_PREC)
 
     tl.store(dh0 + off_state + off_kv, b_dh, mask=m_kv)
 
 
 def chunk_state_bwd_config(K: int, V: int) -> dict:
-    """Pinned launch configuration: the whole K extent in one tile, ``BV`` columns."""
+    """Pinned launch configuration: the whole K extent in one tile, ``BV`` columns.
+
+    Every tile a chunk reads depends only on the chunk's position, so with
+    ``num_stages=3`` the pipeliner keeps the next two chunks' copies in flight
+    behind the serial ``dS`` chain. At ``BK = 256`` one stage (no prefetch)
+    is what fits in shared memory.
+    """
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), 32 if BK <= 128 else 16)
-    return {"BK": BK, "BV": BV, "num_warps": 4, "num_stages": 1}
+    return {"BK": BK, "BV": BV, "num_warps": 4, "num_stages": 3 if BK <= 128 else 1}
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_state_bwd_kernel,))
@@ -189,7 +203,7 @@ def chunk_state_bwd(
     _chunk_state_bwd_kernel[grid](
         q, k, W, G, do, dv_local, dht if dht is not None else dh0,
         dh if store else dh0, dv if store else dh0, dh0,
-        index.chunk_start, index.chunk_len, index.doc_chunk_offsets,
+        index.doc_offsets, index.doc_chunk_offsets,
         need if need is not None else index.doc_chunk_offsets, float(scale),
         H=H, HV=HV, K=K, V=V, GROUP=group, BT=index.chunk_size,
         BK=cfg["BK"], BV=cfg["BV"], USE_DHT=dht is not None, HAS_NEED=need is not None,
