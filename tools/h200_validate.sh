@@ -15,6 +15,9 @@
 # ~250 s because fla autotunes per shape class; on nvidia-h200-x2 they run at
 # once, one per GPU. Stages never overlap, so no timed run shares a GPU.
 #   call 1: STAGES="tests bench"   (x2: ~520 s)      call 2: STAGES="kcp nccl"
+# STAGES=split (x2, ~450 s): GPU 0 runs the gpu tests then the packed-document
+# half; GPU 1 meanwhile the scripts in KERNEL_TIMINGS, the profile and the
+# fixed-shape half (timed runs on their own GPU and cores, never beside each other).
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
@@ -43,7 +46,9 @@ ACC_B="B1,T512,H16,HV32,D3"
 LAST=$((NCPU - 1)); MID=$((NCPU / 2))
 
 run_tests() {
-  timeout "$TEST_TIMEOUT" python3 -m pytest -q -m gpu -n "$(( NCPU / 2 ))" \
+  CUDA_VISIBLE_DEVICES=${TEST_GPU:-$(seq -s, 0 $((NGPU - 1)))} timeout "$TEST_TIMEOUT" \
+    taskset -c "${TEST_CORES:-0-$LAST}" \
+    python3 -m pytest -q -m gpu -n "$(( NCPU / 2 ))" \
     --import-mode=importlib -p no:cacheprovider -ra \
     packages/gdn-core/tests packages/gdn-det-train/tests packages/gdn-train/tests \
     packages/gdn-det-train-kcp/tests packages/gdn-train-kcp/tests packages/kda-det-train/tests \
@@ -95,7 +100,31 @@ run_nccl() {  # issue 6: real ranks over NCCL, one per GPU (needs >= 2 GPUs); th
   echo "kcp nccl world $NGPU exit $?"; grep -A5 -i slowest "$OUT/kcp_nccl_w$NGPU.md"
 }
 
+run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 kernel timings, profile, half a
+  local C=$((NCPU * 3 / 4))
+  (
+    for f in ${KERNEL_TIMINGS:-}; do
+      CUDA_VISIBLE_DEVICES=1 timeout 90 taskset -c "$C-$LAST" python3 "$f" > "$OUT/$(basename "$f" .py).txt" 2>&1
+      echo "timing $f exit $?"
+    done
+    CUDA_VISIBLE_DEVICES=1 timeout 120 taskset -c "$C-$LAST" python3 benchmarks/profile_gdn.py \
+      --shapes 1x8192x16x1,4x8192x16x1,1x32768x16x1,1x65536x16x16 --segments 1024,0 --iters 10 \
+      --rows 12 > "$OUT/profile.txt" 2>&1
+    echo "profile exit $?"
+    bench_half a "$HALF_A" "$ACC_A" 1 "$C-$LAST"
+  ) &
+  TEST_GPU=0 TEST_CORES="0-$((C - 1))" run_tests  # (so the NCCL worlds skip: GPU 1 is timing)
+  bench_half b "$HALF_B" "$ACC_B" 0 "0-$((C - 1))"
+  wait
+  for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -20; done
+  if [[ $NGPU -ge 2 ]]; then  # the README's demo with one rank per GPU (NCCL), after the timed runs
+    timeout 150 python3 -m gdn_det_train_kcp.demo --device cuda > "$OUT/demo_nccl.log" 2>&1
+    echo "demo over NCCL exit $?"; tail -4 "$OUT/demo_nccl.log"
+  fi
+}
+
 # One stage after another: nothing shares a GPU with a timed run.
+if [[ $STAGES == *split* ]]; then run_split; fi
 if [[ $STAGES == *tests* ]]; then run_tests; fi
 if [[ $STAGES == *bench* ]]; then run_bench; fi
 if [[ $STAGES == *kcp* ]]; then run_kcp; fi
