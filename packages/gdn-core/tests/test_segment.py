@@ -14,8 +14,10 @@ from gdn_core.ops import chunk_state
 from gdn_core.reference import naive_recurrent_gdn
 from gdn_core.segment import (
     DEFAULT_SEGMENT_SIZE,
+    PLAIN_MIN_LONG_PAIRS,
     SegmentLayout,
     backward_chains,
+    choose_segment_size,
     forward_chains,
     resolve_segment_size,
 )
@@ -97,6 +99,36 @@ def test_segment_size_validation():
     q, k, v, g, beta, *_ = _inputs([70])
     with pytest.raises(ValueError, match="segment_size"):
         chunk_gdn_fwd(q, k, v, g, beta, deterministic=True, segment_size=96)
+
+
+def test_default_segment_size_by_mode():
+    """Deterministic calls always segment (bits independent of the batch); a
+    non-deterministic default keeps the plain path once enough long documents
+    fill the GPU; explicit sizes are kept (and validated) in both modes."""
+    long_doc = 2 * DEFAULT_SEGMENT_SIZE + 1
+    few = [0, long_doc, long_doc + 5]  # one long document (and a short one)
+    many = [i * long_doc for i in range(5)]  # four long documents
+    assert PLAIN_MIN_LONG_PAIRS == 64
+    for offs, HV, nondet in ((few, 16, 1024), (few, 63, 1024), (few, 64, 0),
+                             (many, 15, 1024), (many, 16, 0), ([0, 2048], 64, 1024)):
+        assert choose_segment_size(None, offs, HV, deterministic=True) == DEFAULT_SEGMENT_SIZE
+        assert choose_segment_size(None, offs, HV, deterministic=False) == nondet, (offs, HV)
+        for explicit in (0, 128):
+            for det in (True, False):
+                assert choose_segment_size(explicit, offs, HV, deterministic=det) == explicit
+    with pytest.raises(ValueError, match="segment_size"):
+        choose_segment_size(100, few, 1, deterministic=False)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_default_segment_size_reaches_the_saved_set(deterministic):
+    """With the default size, one 2049-token document at HV=2 (two value heads
+    with a long document: far below the plain-path threshold) is segmented in
+    both modes."""
+    q, k, v, g, beta, *_ = _inputs([2 * DEFAULT_SEGMENT_SIZE + 1], H=1, HV=2, K=16, V=16)
+    *_, saved = chunk_gdn_fwd(q, k, v, g, beta, deterministic=deterministic,
+                              backend="reference")
+    assert saved.segments is not None and saved.segments.segment_size == DEFAULT_SEGMENT_SIZE
 
 
 def test_fold_tables():

@@ -21,7 +21,9 @@ recurrence in parallel — on both backends and in both modes. The result's
 bits depend on ``segment_size`` (a deterministic run is repeatable for a fixed
 one, and a context-parallel run of a ``"segment"`` plan with the same size
 gives the same bits for any number of ranks). Layouts whose documents are all
-at most one segment long run the plain chunked path unchanged.
+at most one segment long run the plain chunked path unchanged. Without an
+explicit size a non-deterministic call keeps the plain path when enough long
+documents fill the GPU anyway (:func:`gdn_core.segment.choose_segment_size`).
 """
 
 from __future__ import annotations
@@ -141,8 +143,9 @@ def chunk_gdn_fwd(
     may pass a prebuilt :class:`ChunkIndex` of the same layout (saves the host
     work and, for a CUDA ``cu_seqlens``, a synchronisation).
 
-    ``segment_size``: the segment length (a multiple of 64; ``None``: the
-    default; ``0``: no segments) — see the module docstring.
+    ``segment_size``: the segment length (a multiple of 64; ``0``: no
+    segments; ``None``: :func:`gdn_core.segment.choose_segment_size` picks) —
+    see the module docstring.
 
     ``shapes``: what :func:`~gdn_core.validation.validate_gdn_inputs` returned
     for exactly these arguments, when the caller has already validated them
@@ -152,7 +155,7 @@ def chunk_gdn_fwd(
     saved)``. Raises ``TypeError``/``ValueError`` for bad input (see
     :func:`gdn_core.validation.validate_gdn_inputs`).
     """
-    from gdn_core.segment import SegmentLayout, resolve_segment_size, segment_fwd
+    from gdn_core.segment import SegmentLayout, choose_segment_size, segment_fwd
 
     if shapes is None:
         if index is not None and cu_seqlens is None:
@@ -161,7 +164,8 @@ def chunk_gdn_fwd(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
             allow_float64=True,
         )
-    S = resolve_segment_size(segment_size)
+    S = choose_segment_size(segment_size, shapes.offsets, shapes.HV,
+                            deterministic=deterministic)
     chosen = resolve_backend(q.device, q.dtype, backend)
     scale = float(shapes.K**-0.5 if scale is None else scale)
     layout = SegmentLayout.build(shapes.offsets, S, has_h0=initial_state is not None)
