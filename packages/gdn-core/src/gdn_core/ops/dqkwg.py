@@ -19,10 +19,24 @@ update gives ``−k·dK_state`` and, at the chunk's last token, their sum plus t
 through swapped strides, never as ``tl.trans`` of a dot result (Triton 3.6
 miscompiles that on Hopper).
 
-One program per (K block, chunk, value head). ``dq``/``dk`` are per value head
-partials ``[T, HV, K]`` fp32 (summed over the group later, in a fixed order);
-``dg`` partials ``[NK, T, HV]`` fp32 (summed by the WY-backward kernel in a fixed
-order); ``dw [T, HV, K]`` in the input dtype. No atomics.
+One program per (K block, chunk, value head), in two phases so that at most
+three fp32 ``[BT, ·]`` accumulators are live at once (all five together spilled):
+
+1. sweep V for ``dP``, ``dO Sᵀ`` and ``dV' Sᵀ``; store ``dW``, finish and store
+   ``dQ``, keep ``q·dQ`` for ``dG``;
+2. sweep V again for ``dPᵀ``, ``V' dSᵀ`` and ``⟨S, dS⟩`` (``S`` re-read, from L2);
+   finish and store ``dK`` and ``dG``.
+
+Each sweep's loads feed the dots directly, so with ``num_stages=2`` the software
+pipeline copies them into shared memory asynchronously instead of staging them
+in registers. Per-element offsets are 32-bit, added to 64-bit per-program base
+pointers. ``dS`` is read once (``evict_first``); the fp32 partials are streamed
+out (``.cs``).
+
+``dq``/``dk`` are per value head partials ``[T, HV, K]`` fp32 (summed over the
+group later, in a fixed order); ``dg`` partials ``[NK, T, HV]`` fp32 (summed by
+the WY-backward kernel in a fixed order); ``dw [T, HV, K]`` in the input dtype.
+No atomics.
 """
 
 from __future__ import annotations
@@ -74,72 +88,95 @@ def _dqkwg_kernel(
     start = tl.load(chunk_start + i_c).to(tl.int64)
     L = tl.load(chunk_len + i_c)
 
+    # 64-bit scalar bases, 32-bit per-element offsets.
+    q += (start * H + i_h) * K + i_k * BK
+    k += (start * H + i_h) * K + i_k * BK
+    tv = start * (HV * V) + i_hv * V
+    v_new += tv
+    do += tv
+    dv += tv
+    st = (i_c.to(tl.int64) * HV + i_hv) * (K * V) + i_k * BK * V
+    h += st
+    dh += st
+    hk = (start * HV + i_hv) * K + i_k * BK
+    dq += hk
+    dk += hk
+    dw += hk
+    G += start * HV + i_hv
+
     o_t = tl.arange(0, BT)
     m_t = o_t < L
-    rows = start + o_t
-    o_k = i_k * BK + tl.arange(0, BK)
-    m_k = o_k < K
-    off_state = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K - i_k * BK
+    m_tk = m_t[:, None] & m_k[None, :]
+    off_qk = o_t[:, None] * (H * K) + o_k[None, :]
+    off_hk = o_t[:, None] * (HV * K) + o_k[None, :]
 
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    b_g = tl.load(G + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+    g_last = tl.load(G + (L - 1) * HV).to(tl.float32)
+    m_valid = m_t[:, None] & m_t[None, :]
+
+    # Phase 1 (reads dO, V'^T, S^T, dV'): dP, dQ_state and dW.
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # [i, j] = dO_i . V'_j
-    b_dpt = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = V'_j . dO_i
-    b_sds = tl.zeros([BK], dtype=tl.float32)  # per-row partial of <S, dS>
-    for i_v in range(tl.cdiv(V, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dw = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(0, V, BV):
+        o_v = i_v + tl.arange(0, BV)
         m_v = o_v < V
         m_tv = m_t[:, None] & m_v[None, :]
-        m_vt = m_v[:, None] & m_t[None, :]
-        m_vk = m_v[:, None] & m_k[None, :]
-        off_tv = rows[:, None] * (HV * V) + i_hv * V + o_v[None, :]
-        off_vt = rows[None, :] * (HV * V) + i_hv * V + o_v[:, None]
-        off_vk = o_k[None, :] * V + o_v[:, None]  # element (v, k) of a [K, V] state
-        b_vn = tl.load(v_new + off_tv, mask=m_tv, other=0.0)
-        b_vnt = tl.load(v_new + off_vt, mask=m_vt, other=0.0)
+        off_tv = o_t[:, None] * (HV * V) + o_v[None, :]
+        off_vt = o_t[None, :] * (HV * V) + o_v[:, None]
+        off_vk = o_k[None, :] * V + o_v[:, None]
         b_do = tl.load(do + off_tv, mask=m_tv, other=0.0)
-        b_dot = tl.load(do + off_vt, mask=m_vt, other=0.0)
+        b_vnt = tl.load(v_new + off_vt, mask=m_v[:, None] & m_t[None, :], other=0.0)
+        b_ht = tl.load(h + off_vk, mask=m_v[:, None] & m_k[None, :], other=0.0)
         b_dv = tl.load(dv + off_tv, mask=m_tv, other=0.0)
-        b_ht = tl.load(h + off_state + off_vk, mask=m_vk, other=0.0)  # S^T  [BV, BK]
-        b_dht = tl.load(dh + off_state + off_vk, mask=m_vk, other=0.0)  # dS^T [BV, BK]
-        b_dp += tl.dot(b_do, b_vnt.to(dt), input_precision=DOT_PREC)
-        b_dpt += tl.dot(b_vn.to(dt), b_dot, input_precision=DOT_PREC)
-        b_dq += tl.dot(b_do, b_ht.to(dt), input_precision=DOT_PREC)
-        b_dk += tl.dot(b_vn.to(dt), b_dht.to(dt), input_precision=DOT_PREC)
-        b_dw += tl.dot(b_dv.to(dt), b_ht.to(dt), input_precision=DOT_PREC)
+        b_dp = tl.dot(b_do, b_vnt.to(dt), b_dp, input_precision=DOT_PREC)
+        b_dq = tl.dot(b_do, b_ht.to(dt), b_dq, input_precision=DOT_PREC)
+        b_dw = tl.dot(b_dv.to(dt), b_ht.to(dt), b_dw, input_precision=DOT_PREC)
+    tl.store(dw + off_hk, (-b_dw).to(dw.dtype.element_ty), mask=m_tk)
+
+    m_low = (o_t[:, None] >= o_t[None, :]) & m_valid  # [i, j], i >= j
+    b_ds = b_dp * tl.exp(tl.where(m_low, b_g[:, None] - b_g[None, :], float("-inf"))) * scale
+    b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
+    b_dq = b_dq * (tl.exp(b_g) * scale)[:, None]
+    b_dq = tl.dot(b_ds.to(dt), b_k, b_dq, input_precision=DOT_PREC)
+    tl.store(dq + off_hk, b_dq, mask=m_tk, cache_modifier=".cs")
+    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
+    b_dg = tl.sum(b_q.to(tl.float32) * b_dq, axis=1)
+
+    # Phase 2 (reads V', dO^T, dS^T, S^T): dP^T, dK_state and <S, dS>.
+    b_dpt = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = V'_j . dO_i
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_sds = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(0, V, BV):
+        o_v = i_v + tl.arange(0, BV)
+        m_v = o_v < V
+        m_vk = m_v[:, None] & m_k[None, :]
+        off_tv = o_t[:, None] * (HV * V) + o_v[None, :]
+        off_vt = o_t[None, :] * (HV * V) + o_v[:, None]
+        off_vk = o_k[None, :] * V + o_v[:, None]
+        b_vn = tl.load(v_new + off_tv, mask=m_t[:, None] & m_v[None, :], other=0.0)
+        b_dot = tl.load(do + off_vt, mask=m_v[:, None] & m_t[None, :], other=0.0)
+        b_dht = tl.load(dh + off_vk, mask=m_vk, other=0.0, eviction_policy="evict_first")
+        b_ht = tl.load(h + off_vk, mask=m_vk, other=0.0)
+        b_dpt = tl.dot(b_vn.to(dt), b_dot, b_dpt, input_precision=DOT_PREC)
+        b_dk = tl.dot(b_vn.to(dt), b_dht.to(dt), b_dk, input_precision=DOT_PREC)
         b_sds += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
 
-    b_g = tl.load(G + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-    g_last = tl.load(G + (start + L - 1) * HV + i_hv).to(tl.float32)
-    m_tk = m_t[:, None] & m_k[None, :]
-    off_qk = rows[:, None] * (H * K) + i_h * K + o_k[None, :]
-    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
     b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
-
-    m_valid = m_t[:, None] & m_t[None, :]
-    m_low = (o_t[:, None] >= o_t[None, :]) & m_valid  # [i, j], i >= j
-    m_up = (o_t[:, None] <= o_t[None, :]) & m_valid  # [j, i], i >= j
-    b_ds = b_dp * tl.exp(tl.where(m_low, b_g[:, None] - b_g[None, :], float("-inf"))) * scale
-    b_dst = b_dpt * tl.exp(tl.where(m_up, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
-
-    b_dq = b_dq * (tl.exp(b_g) * scale)[:, None]
-    b_dq += tl.dot(b_ds.to(dt), b_k, input_precision=DOT_PREC)
-    kd = tl.where(m_t, tl.exp(g_last - b_g), 0.0)
-    b_dk_state = b_dk * kd[:, None]
-    b_dk = b_dk_state + tl.dot(b_dst.to(dt), b_q, input_precision=DOT_PREC)
-
-    b_qf = b_q.to(tl.float32)
     b_kf = b_k.to(tl.float32)
-    b_dg = tl.sum(b_qf * b_dq, axis=1) - tl.sum(b_kf * b_dk, axis=1)
-    last_term = tl.exp(g_last) * tl.sum(b_sds, axis=0) + tl.sum(tl.sum(b_kf * b_dk_state, axis=1))
+    kd = tl.where(m_t, tl.exp(g_last - b_g), 0.0)
+    b_dk = b_dk * kd[:, None]
+    last_term = tl.exp(g_last) * tl.sum(b_sds, axis=0) + tl.sum(tl.sum(b_kf * b_dk, axis=1))
+    m_up = (o_t[:, None] <= o_t[None, :]) & m_valid  # [j, i], i >= j
+    b_dst = b_dpt * tl.exp(tl.where(m_up, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
+    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
+    b_dk = tl.dot(b_dst.to(dt), b_q, b_dk, input_precision=DOT_PREC)
+    tl.store(dk + off_hk, b_dk, mask=m_tk, cache_modifier=".cs")
+    b_dg -= tl.sum(b_kf * b_dk, axis=1)
     b_dg += tl.where(o_t == L - 1, last_term, 0.0)
-
-    off_hk = rows[:, None] * (HV * K) + i_hv * K + o_k[None, :]
-    tl.store(dq + off_hk, b_dq, mask=m_tk)
-    tl.store(dk + off_hk, b_dk, mask=m_tk)
-    tl.store(dw + off_hk, (-b_dw).to(dw.dtype.element_ty), mask=m_tk)
-    tl.store(dg + (i_k * T + rows) * HV + i_hv, b_dg, mask=m_t)
+    tl.store(dg + (i_k * T + start + o_t) * HV + i_hv, b_dg, mask=m_t)
 
 
 def dqkwg_config(K: int, V: int) -> dict:
@@ -148,7 +185,7 @@ def dqkwg_config(K: int, V: int) -> dict:
         "BK": min(64, triton.next_power_of_2(K)),
         "BV": min(64, triton.next_power_of_2(V)),
         "num_warps": 4,
-        "num_stages": 1,
+        "num_stages": 2,
     }
 
 
