@@ -108,9 +108,9 @@ def test_default_segment_size_by_mode():
     long_doc = 2 * DEFAULT_SEGMENT_SIZE + 1
     few = [0, long_doc, long_doc + 5]  # one long document (and a short one)
     many = [i * long_doc for i in range(5)]  # four long documents
-    assert PLAIN_MIN_LONG_PAIRS == 64
-    for offs, HV, nondet in ((few, 16, 1024), (few, 63, 1024), (few, 64, 0),
-                             (many, 15, 1024), (many, 16, 0), ([0, 2048], 64, 1024)):
+    assert PLAIN_MIN_LONG_PAIRS == 16
+    for offs, HV, nondet in ((few, 8, 1024), (few, 15, 1024), (few, 16, 0),
+                             (many, 3, 1024), (many, 4, 0), ([0, 2048], 64, 1024)):
         assert choose_segment_size(None, offs, HV, deterministic=True) == DEFAULT_SEGMENT_SIZE
         assert choose_segment_size(None, offs, HV, deterministic=False) == nondet, (offs, HV)
         for explicit in (0, 128):

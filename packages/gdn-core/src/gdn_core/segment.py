@@ -80,9 +80,12 @@ DEFAULT_SEGMENT_SIZE = 1024
 #: ``segment_size=None`` in a non-deterministic call keeps the plain path once at
 #: least this many (document, value head) pairs have a document longer than two
 #: segments: the plain recurrence then has enough programs to fill the GPU, and
-#: the segment path's extra passes only cost (H200: B4 T8192 H16, 64 pairs, plain
-#: 6.3 ms vs segments 7.2; B1 T32768 H16, 16 pairs, segments 7.7 vs plain 9.3).
-PLAIN_MIN_LONG_PAIRS = 64
+#: the segment path's extra passes (a summary pass, a fold, a second state pass
+#: each way) only cost. H200, det kernels of session 3, fwd+bwd wall
+#: (``benchmarks/profile_gdn.py``): B1 T32768 H16 (16 pairs) plain 5.57 ms vs
+#: segments 5.70; B1 T8192 H16 (16) 1.72 vs 2.38; B4 T8192 H16 (64) 4.44 vs 5.37;
+#: B1 T65536 H16 16 docs (256) 8.89 vs 10.45. Below 16 pairs is unmeasured.
+PLAIN_MIN_LONG_PAIRS = 16
 
 
 def resolve_segment_size(segment_size: int | None, chunk_size: int = CHUNK_SIZE) -> int:

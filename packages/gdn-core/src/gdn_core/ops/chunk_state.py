@@ -138,7 +138,7 @@ def _chunk_state_fwd_kernel(
         tl.store(ht + (i_n * HV + i_hv).to(tl.int64) * K * V + s_off, S, mask=m_kv)
 
 
-def chunk_state_config(K: int, V: int) -> dict[str, int]:
+def chunk_state_config(K: int, V: int, elem_bytes: int = 2) -> dict[str, int]:
     """Pinned launch configuration of the state kernel for head dims ``K, V``.
 
     ``BK`` covers all of ``K`` (the state's rows live in one tile); ``BV``
@@ -147,12 +147,14 @@ def chunk_state_config(K: int, V: int) -> dict[str, int]:
     tiles must already be in flight: with ``num_stages=3`` the pipeliner issues
     chunk ``c+2``'s ``W``, ``U``, ``K`` and ``G`` copies while chunk ``c`` runs
     (with 2 they are issued after chunk ``c``'s dots and waited on at once).
-    At ``BK = 256`` three stages do not fit in shared memory.
+    Three stages fit in shared memory for 16-bit inputs (``elem_bytes=2``) up
+    to ``BK = 128``; fp32 inputs and ``BK = 256`` keep two.
     """
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), 32 if BK >= 128 else 64)
     num_warps = 4 if BK * BV <= 64 * 64 else 8
-    return {"BK": BK, "BV": BV, "num_warps": num_warps, "num_stages": 3 if BK <= 128 else 2}
+    stages = 3 if BK <= 128 and elem_bytes <= 2 else 2
+    return {"BK": BK, "BV": BV, "num_warps": num_warps, "num_stages": stages}
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_state_fwd_kernel,))
@@ -260,7 +262,7 @@ def chunk_state_fwd(
                 if identity_state:
                     final[..., VU:].copy_(torch.eye(K, dtype=torch.float32, device=dev))
         return h, v_new, final
-    cfg = chunk_state_config(K, V)
+    cfg = chunk_state_config(K, V, k.element_size())
     grid = (triton.cdiv(V, cfg["BV"]), N, HV)
     _chunk_state_fwd_kernel[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,

@@ -142,17 +142,19 @@ def _chunk_state_bwd_kernel(
     tl.store(dh0 + off_state + off_kv, b_dh, mask=m_kv)
 
 
-def chunk_state_bwd_config(K: int, V: int) -> dict:
+def chunk_state_bwd_config(K: int, V: int, elem_bytes: int = 2) -> dict:
     """Pinned launch configuration: the whole K extent in one tile, ``BV`` columns.
 
     Every tile a chunk reads depends only on the chunk's position, so with
     ``num_stages=3`` the pipeliner keeps the next two chunks' copies in flight
-    behind the serial ``dS`` chain. At ``BK = 256`` one stage (no prefetch)
-    is what fits in shared memory.
+    behind the serial ``dS`` chain. That fits in shared memory for 16-bit
+    inputs (``elem_bytes=2``) up to ``BK = 128`` (fp32 at K=V=128 needs 241 KB
+    of the H200's 227 KB); fp32 inputs and ``BK = 256`` take one stage.
     """
     BK = triton.next_power_of_2(K)
     BV = min(triton.next_power_of_2(V), 32 if BK <= 128 else 16)
-    return {"BK": BK, "BV": BV, "num_warps": 4, "num_stages": 3 if BK <= 128 else 1}
+    stages = 3 if BK <= 128 and elem_bytes <= 2 else 1
+    return {"BK": BK, "BV": BV, "num_warps": 4, "num_stages": stages}
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_state_bwd_kernel,))
@@ -198,7 +200,7 @@ def chunk_state_bwd(
         return dh, dv, dh0
     if dht is not None:
         dht = dht.contiguous()
-    cfg = chunk_state_bwd_config(K, V)
+    cfg = chunk_state_bwd_config(K, V, k.element_size())
     grid = (triton.cdiv(V, cfg["BV"]), HV, N)
     _chunk_state_bwd_kernel[grid](
         q, k, W, G, do, dv_local, dht if dht is not None else dh0,
