@@ -1,0 +1,81 @@
+"""Registers, spills, shared memory and SASS size of a Triton kernel for sm_90,
+compiled on a machine without a GPU.
+
+Triton compiles for a target GPU without one present; ptxas and cuobjdump ship
+with its wheel. Use the GPU machine's Triton for figures that match it::
+
+    python -m pip install --no-deps --target /tmp/t36 triton==3.6.0
+    PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py
+
+prints the WY kernels at bf16, K=V=128 (the example); from Python,
+``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any kernel.
+Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
+int argument written ``"i32:16"`` as a multiple of 16 (the JIT specialises
+both; without it loads are not vectorised and the figures are far too high).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+__all__ = ["report"]
+
+_BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+
+
+def report(fn, types: list[str], constexprs: dict, num_warps: int = 4, num_stages: int = 1,
+           **options) -> dict:
+    """Compile ``fn`` for sm_90a; print and return ``{"ptxas": str, "sass_instructions": int,
+    "shared_bytes": int}``. ``types``: Triton types of the non-constexpr arguments in
+    order (``"*bf16"``, ``"i32"``, ``"i32:16"``, ``"fp32"``)."""
+    names = [n for n in fn.arg_names if n not in constexprs]
+    if len(names) != len(types):
+        raise ValueError(f"{fn.__name__} takes {len(names)} runtime arguments {names}, "
+                         f"got {len(types)} types")
+    attrs, signature = {}, {}
+    for name, t in zip(names, types):
+        if t.startswith("*") or t.endswith(":16"):
+            attrs[(fn.arg_names.index(name),)] = [["tt.divisibility", 16]]
+        signature[name] = t.split(":")[0]
+    signature.update({n: "constexpr" for n in constexprs})
+    kernel = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+        target=GPUTarget("cuda", 90, 128),
+        options=dict(num_warps=num_warps, num_stages=num_stages, **options),
+    )
+    with tempfile.TemporaryDirectory() as d:
+        ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
+        with open(ptx, "w") as f:
+            f.write(kernel.asm["ptx"])
+        run = subprocess.run([os.path.join(_BIN, "ptxas"), "-arch=sm_90a", "-v", ptx, "-o",
+                              os.path.join(d, "ptxas.cubin")], capture_output=True, text=True)
+        info = " ".join(x.strip() for x in run.stderr.splitlines() if "Used" in x or "spill" in x)
+        with open(cubin, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        sass = subprocess.run([os.path.join(_BIN, "cuobjdump"), "-sass", cubin],
+                              capture_output=True, text=True).stdout
+    out = {"ptxas": info or run.stderr.strip(),
+           "sass_instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
+           "shared_bytes": kernel.metadata.shared}
+    print(f"{fn.__name__} warps={num_warps} stages={num_stages}: {out['ptxas']} | "
+          f"SASS {out['sass_instructions']} | shared {out['shared_bytes']}")
+    return out
+
+
+if __name__ == "__main__":
+    from gdn_core.ops.wy import _wy_apply_kernel, _wy_fwd_kernel, wy_config
+
+    cfg = wy_config(128, 128)
+    types = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
+             "i32:16", "i32:16"]
+    for kern in (_wy_fwd_kernel, _wy_apply_kernel):
+        report(kern, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"], "BV": cfg["BV"],
+                             "PREC": "tf32", "DOT16": bool(cfg["dot16"])},
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
