@@ -219,6 +219,19 @@ def test_wy_bwd(lengths, H, group, K, V):
     _close(dbeta, db_want, 1e-5, "dbeta")
     _close(dg, dg_want + _rev_cumsum(dg_part.sum(0), bounds), 1e-5, "dg")
 
+    # a lent scratch (a larger spent buffer, garbage inside) gives the same bits
+    NT, C2 = index.num_chunks, C * C
+    lent = torch.full((NT * HV * C2 + 7,), float("nan"), device=DEVICE)
+    again = wy_bwd(k, v, beta, G, A_inv.detach(), dW, dU, dk0.clone(), dg_part, index, group,
+                   g.dtype, scratch=lent)
+    for a, b in zip(again, (dk, dv, dbeta, dg)):
+        assert torch.equal(a, b)
+    if NT:
+        for bad in (lent[: NT * HV * C2 - 1], lent.double(), lent[::2]):
+            with pytest.raises(ValueError, match="scratch must be"):
+                wy_bwd(k, v, beta, G, A_inv.detach(), dW, dU, dk0.clone(), dg_part, index,
+                       group, g.dtype, scratch=bad)
+
 
 def _rev_cumsum(x, bounds):
     """Reverse within-chunk cumsum along the token axis."""

@@ -277,8 +277,12 @@ def backward_from_recompute(
         q, k, v_new, h, G, do, dh, dvp, scale, index, group,
         dq=ws["dq_part"], dk=ws["dk_part"], dw=ws["dw"], dg=ws["dg_part"],
     )
+    # dh is spent once dQ/dK ran: its memory serves as the WY backward's scratch
+    # when large enough (K·V ≥ 64·64), instead of a fresh allocation per call.
+    C = index.chunk_size
+    scratch = dh if dh.numel() >= index.num_chunks * HV * C * C else None
     dk_part, dv, dbeta, dg = wy_bwd(
-        k, v, beta, G, A_inv, dw, dvp, dk_part, dg_part, index, group, g_dtype
+        k, v, beta, G, A_inv, dw, dvp, dk_part, dg_part, index, group, g_dtype, scratch=scratch
     )
     dq = group_reduce(dq_part, group, dqk_dtype or q.dtype)
     dk = group_reduce(dk_part, group, dqk_dtype or k.dtype)

@@ -215,6 +215,7 @@ def wy_bwd(
     group: int,
     g_dtype: torch.dtype,
     dv: torch.Tensor | None = None,
+    scratch: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """WY backward + dG assembly.
 
@@ -223,8 +224,14 @@ def wy_bwd(
     in place; ``dg_part: [NK,T,HV]`` fp32 (the dQ/dK stage's dG partials).
 
     Returns ``(dk, dv [T,HV,V] in v's dtype, dbeta [T,HV] in beta's dtype,
-    dg [T,HV] in g_dtype)``. Allocates a ``[NT, HV, C, C]`` scratch in k's dtype
-    (the transposes of ``E'``, one 64×64 tile per program).
+    dg [T,HV] in g_dtype)``. The kernel needs ``NT·HV·C·C`` elements of scratch in
+    k's dtype (the transposes of ``E'``, one 64×64 tile per program, written before
+    they are read): ``scratch`` lends them (any contiguous tensor of k's dtype and
+    device that large, e.g. a workspace buffer whose contents are spent), else
+    they are allocated.
+
+    Raises:
+        ValueError: ``scratch`` of another dtype or device, not contiguous, or too small.
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
@@ -237,7 +244,17 @@ def wy_bwd(
     if NT == 0:
         return dk, dv, dbeta, dg
     cfg = wy_bwd_config(K, V)
-    e_buf = torch.empty(NT, HV, index.chunk_size, index.chunk_size, dtype=k.dtype, device=dev)
+    C = index.chunk_size
+    if scratch is None:
+        e_buf = torch.empty(NT, HV, C, C, dtype=k.dtype, device=dev)
+    else:
+        if (scratch.dtype != k.dtype or scratch.device != dev or not scratch.is_contiguous()
+                or scratch.numel() < NT * HV * C * C):
+            raise ValueError(
+                f"scratch must be a contiguous {k.dtype} tensor on {dev} with at least "
+                f"{NT * HV * C * C} elements, got {scratch.dtype} on {scratch.device} with "
+                f"{scratch.numel()} (contiguous={scratch.is_contiguous()})")
+        e_buf = scratch.view(-1)[: NT * HV * C * C]
     _wy_bwd_kernel[(NT, HV)](
         k, v, beta, G, A_inv, dw, du, dk, dg_part, dv, dbeta, dg, e_buf,
         index.chunk_start, index.chunk_len, T,
