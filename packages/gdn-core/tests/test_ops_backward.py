@@ -307,6 +307,27 @@ def test_backward_from_reference_recompute(lengths, H, group, K, V, with_h0, wit
         _close(got[5], want[5], 1e-4, "dh0")
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_fp32_dq_dk_for_the_l2norm_backward(group):
+    """``dqk_dtype=fp32`` (what the L2-norm backward reads): at group 1 the
+    workspace's partials come back as they are, the same values as the reduction
+    gives at any group; otherwise a fresh reduced tensor."""
+    from gdn_core.ops.backward import BackwardWorkspace
+
+    args, kw, index = _recompute_args([70, 33], 2, group, 16, 16, seed=30)
+    T, HV = 103, 2 * group
+    ws = BackwardWorkspace.for_shapes(T=T, H=2, HV=HV, K=16, V=16, num_chunks=index.num_chunks,
+                                      num_docs=index.num_docs, dtype=torch.float32,
+                                      device=torch.device(DEVICE), deterministic=True)
+    fp32 = backward_from_recompute(*args, **kw, deterministic=True, workspace=ws,
+                                   dqk_dtype=torch.float32)
+    plain = backward_from_recompute(*args, **kw, deterministic=True)  # q's dtype: fp32 too
+    views = ws.views(T, HV, 16, 16, index.num_chunks, torch.float32)
+    for got, want, part in zip(fp32[:2], plain[:2], (views["dq_part"], views["dk_part"])):
+        assert got.dtype == torch.float32 and torch.equal(got, want)
+        assert (got.data_ptr() == part.data_ptr()) == (group == 1)
+
+
 def _recompute_args(lengths, H, group, K, V, seed):
     offs = _offsets(lengths)
     bounds = _bounds(offs)

@@ -246,6 +246,10 @@ def backward_from_recompute(
     or ``None``. Returns ``(dq [T,H,K], dk [T,H,K], dv, dg, dbeta, dh0 [N,HV,K,V] fp32)``
     w.r.t. the tensors the recurrence used (before any L2-norm backward); ``dq``/``dk``
     in ``dqk_dtype`` (default: q's dtype), the rest in their inputs' dtypes.
+    ``dqk_dtype=torch.float32`` is for a caller that consumes ``dq``/``dk`` at once
+    (the L2-norm backward): with one value head per q/k head they are then the
+    workspace's fp32 partial buffers themselves (no copy), valid until the
+    workspace is used again.
 
     ``dv_local``: stage 1's result when the caller already has it (the segment
     path computes it before its first reverse pass). ``num_docs``: the document
@@ -284,6 +288,8 @@ def backward_from_recompute(
     dk_part, dv, dbeta, dg = wy_bwd(
         k, v, beta, G, A_inv, dw, dvp, dk_part, dg_part, index, group, g_dtype, scratch=scratch
     )
+    if group == 1 and dqk_dtype == torch.float32:  # the partials are the sums already
+        return dq_part, dk_part, dv, dg, dbeta, dh0
     dq = group_reduce(dq_part, group, dqk_dtype or q.dtype)
     dk = group_reduce(dk_part, group, dqk_dtype or k.dtype)
     return dq, dk, dv, dg, dbeta, dh0
