@@ -10,7 +10,9 @@
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
 #
 # A device command may run 10 minutes. The gpu tests are compile-bound (one
-# Triton compile per kernel variant, ~250 s): they run under pytest-xdist.
+# Triton compile per kernel variant, ~250 s): they run under pytest-xdist, with
+# gdn_core.pytest_cuda_guard so that a test that breaks its worker's CUDA
+# context (an illegal address) does not fail every later test of that worker.
 # The benchmark is two halves (fixed-length shapes; packed documents), each
 # ~250 s because fla autotunes per shape class; on nvidia-h200-x2 they run at
 # once, one per GPU. Stages never overlap, so no timed run shares a GPU.
@@ -48,8 +50,8 @@ LAST=$((NCPU - 1)); MID=$((NCPU / 2))
 run_tests() {
   CUDA_VISIBLE_DEVICES=${TEST_GPU:-$(seq -s, 0 $((NGPU - 1)))} timeout "$TEST_TIMEOUT" \
     taskset -c "${TEST_CORES:-0-$LAST}" \
-    python3 -m pytest -q -m gpu -n "$(( NCPU / 2 ))" \
-    --import-mode=importlib -p no:cacheprovider -ra \
+    python3 -m pytest -q -m gpu -n "$(( NCPU / 2 ))" --max-worker-restart 16 \
+    -p gdn_core.pytest_cuda_guard --import-mode=importlib -p no:cacheprovider -ra \
     packages/gdn-core/tests packages/gdn-det-train/tests packages/gdn-train/tests \
     packages/gdn-det-train-kcp/tests packages/gdn-train-kcp/tests packages/kda-det-train/tests \
     2>&1 | grep -v '^DEBUG\|^INFO' > "$OUT/gpu_tests.log"
