@@ -6,7 +6,7 @@
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
 # .whl/ must hold fla-core's wheel (python3 -m pip download --no-deps
-# fla-core==0.6.0 -d .whl). STAGES picks the parts ("tests bench kcp nccl");
+# fla-core==0.6.0 -d .whl). STAGES picks the parts ("tests shapes bench kcp nccl", "split");
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
 #
 # A device command may run 10 minutes. The gpu tests are compile-bound (one
@@ -17,6 +17,9 @@
 # ~250 s because fla autotunes per shape class; on nvidia-h200-x2 they run at
 # once, one per GPU. Stages never overlap, so no timed run shares a GPU.
 #   call 1: STAGES="tests bench"   (x2: ~520 s)      call 2: STAGES="kcp nccl"
+# STAGES=shapes runs gdn-core's interpreter suites (K=48, V=16, grouped heads,
+# fp16, ...) on the GPU: they take CUDA when present; the 2026-11-30 run found
+# an illegal address there that the gpu-marked shapes never hit.
 # STAGES=split (x2, ~450 s): GPU 0 runs the gpu tests then the packed-document
 # half; GPU 1 meanwhile the scripts in KERNEL_TIMINGS, the profile and the
 # fixed-shape half (timed runs on their own GPU and cores, never beside each other).
@@ -57,6 +60,15 @@ run_tests() {
     2>&1 | grep -v '^DEBUG\|^INFO' > "$OUT/gpu_tests.log"
   echo "gpu tests exit ${PIPESTATUS[0]}" | tee -a "$OUT/gpu_tests.log"
   tail -8 "$OUT/gpu_tests.log"
+}
+
+run_cpu_shapes() {  # gdn-core's interpreter-suite shapes (odd K/V, grouped heads, fp16) on the GPU
+  CUDA_VISIBLE_DEVICES=${TEST_GPU:-0} timeout "$TEST_TIMEOUT" python3 -m pytest -q -n "$(( NCPU / 2 ))" \
+    --max-worker-restart 16 -p gdn_core.pytest_cuda_guard --import-mode=importlib \
+    -p no:cacheprovider -ra packages/gdn-core/tests/test_ops_forward.py \
+    packages/gdn-core/tests/test_ops_backward.py packages/gdn-core/tests/test_segment.py \
+    2>&1 | grep -v '^DEBUG\|^INFO' > "$OUT/cpu_shapes_on_gpu.log"
+  echo "interpreter-suite shapes on the GPU exit ${PIPESTATUS[0]}"; tail -6 "$OUT/cpu_shapes_on_gpu.log"
 }
 
 bench_half() {  # name shapes acc gpu cores
@@ -128,6 +140,7 @@ run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 ker
 # One stage after another: nothing shares a GPU with a timed run.
 if [[ $STAGES == *split* ]]; then run_split; fi
 if [[ $STAGES == *tests* ]]; then run_tests; fi
+if [[ $STAGES == *shapes* ]]; then run_cpu_shapes; fi
 if [[ $STAGES == *bench* ]]; then run_bench; fi
 if [[ $STAGES == *kcp* ]]; then run_kcp; fi
 if [[ $STAGES == *nccl* ]]; then run_nccl; fi
