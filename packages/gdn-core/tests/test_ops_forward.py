@@ -19,6 +19,7 @@ from gdn_core.ops import (
     chunk_output_fwd,
     chunk_state_fwd,
     gdn_forward_triton,
+    inverse_for_backward,
     l2norm_bwd,
     l2norm_fwd,
     record_launches,
@@ -204,8 +205,26 @@ def test_wy_apply_rejects_a_wrong_inverse():
     beta, G = torch.rand(70, 2), torch.zeros(70, 2)
     with pytest.raises(ValueError, match=r"A_inv must be \[T, HV, 64\]"):
         wy_apply(k, v, beta, G, torch.zeros(70, 2, 32), index, 2)
-    with pytest.raises(ValueError, match="fp32"):
+    with pytest.raises(ValueError, match=r"in torch.float32, got .* torch.float16"):
         wy_apply(k, v, beta, G, torch.zeros(70, 2, 64, dtype=torch.float16), index, 2)
+    # 16-bit inputs: the inverse may come in their dtype (what the backward saves), not another
+    k16, v16 = k.half(), v.half()
+    wy_apply(k16, v16, beta, G, torch.zeros(70, 2, 64, dtype=torch.float16), index, 2)
+    with pytest.raises(ValueError, match=r"float32 or torch.float16, got .* torch.bfloat16"):
+        wy_apply(k16, v16, beta, G, torch.zeros(70, 2, 64, dtype=torch.bfloat16), index, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_inverse_for_backward_gives_the_recomputed_bits(dtype):
+    """W, U from the saved inverse (16-bit for 16-bit inputs) equal the forward's."""
+    offs, _, k, v, g, beta = _inputs(VARLEN, 1, 2, 32, 16, dtype, seed=6)
+    index = ChunkIndex.build(offs, "cpu")
+    G = R.chunk_cumsum_ref(g, _bounds(offs))
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 2)
+    saved = inverse_for_backward(A_inv, k, v)
+    assert saved.dtype == dtype and (saved is A_inv) == (dtype == torch.float32)
+    W2, U2 = wy_apply(k, v, beta, G, saved, index, 2)
+    assert torch.equal(W2, W) and torch.equal(U2, U)
 
 
 # ----------------------------------------------------------- chunk state ---

@@ -101,6 +101,35 @@ def test_segment_size_validation():
         chunk_gdn_fwd(q, k, v, g, beta, deterministic=True, segment_size=96)
 
 
+@needs_interpreter
+@pytest.mark.parametrize("S", [64, 0])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_the_saved_inverse_gives_the_recomputed_bits(S, dtype):
+    """The forward saves A_inv as the backward reads it (16-bit for 16-bit
+    inputs); a backward from it equals one that recomputes the inverse, bit for
+    bit, with and without segments."""
+    import dataclasses
+
+    ins = _inputs([150, 1, 90], H=1, HV=2, K=32, V=16, seed=31)
+    ins = [x.to(dtype) if i < 5 or i == 6 else x for i, x in enumerate(ins)]
+    offs = [0, 150, 151, 241]
+    q, k, v, g, beta, h, do, dh = ins
+    _, _, saved = chunk_gdn_fwd(q, k, v, g, beta, initial_state=h, output_final_state=True,
+                                cu_seqlens=offs, use_qk_l2norm_in_kernel=True,
+                                deterministic=True, segment_size=S)
+    assert saved.A_inv is not None and saved.A_inv.dtype == dtype
+    from gdn_core.ops import record_launches
+
+    with record_launches() as launches:
+        with_inv = chunk_gdn_bwd(saved, do, dh, deterministic=True)
+    names = [x.name.rsplit(".", 1)[-1] for x in launches]
+    assert "wy_apply" in names and "wy_fwd" not in names, names
+    recomputed = chunk_gdn_bwd(dataclasses.replace(saved, A_inv=None), do, dh,
+                               deterministic=True)
+    for n in (*GRADS, "dh0"):
+        assert torch.equal(getattr(with_inv, n), getattr(recomputed, n)), n
+
+
 def test_default_segment_size_by_mode():
     """Deterministic calls always segment (bits independent of the batch); a
     non-deterministic default keeps the plain path once enough long documents

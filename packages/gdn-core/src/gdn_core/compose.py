@@ -74,6 +74,9 @@ class GDNSaved:
     (``index`` then holds segments), ``seg_states`` every segment's entry
     state ``[nseg,HV,K,V]`` and ``seg_summ`` the summaries ``[E | M]``
     ``[nseg,HV,K,V+K]`` (fp32; fp64 for fp64 inputs) the backward fold reads.
+    ``A_inv``: the forward's ``(I + A)^{-1}`` per chunk ``[T,HV,64]`` as the
+    backward reads it (:func:`gdn_core.ops.wy.inverse_for_backward`; triton
+    backend), so the backward skips the inverse; ``None``: recomputed.
     """
 
     deterministic: bool
@@ -94,6 +97,7 @@ class GDNSaved:
     segments: Any = None
     seg_states: torch.Tensor | None = None
     seg_summ: torch.Tensor | None = None
+    A_inv: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -202,7 +206,7 @@ def chunk_gdn_fwd(
     saved = GDNSaved(
         deterministic, chosen, shapes, scale, use_qk_l2norm_in_kernel,
         fwd.q_used, fwd.k_used, _flat(v), _flat(g), _flat(beta), initial_state,
-        index=index, G=fwd.G, q_rstd=fwd.q_rstd, k_rstd=fwd.k_rstd,
+        index=index, G=fwd.G, q_rstd=fwd.q_rstd, k_rstd=fwd.k_rstd, A_inv=fwd.A_inv,
     )
     o = fwd.o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V)
     return o, fwd.final_state, saved

@@ -492,6 +492,7 @@ class SegmentForward:
     G: torch.Tensor | None = None
     W: torch.Tensor | None = None
     U: torch.Tensor | None = None
+    A_inv: torch.Tensor | None = None  # as the backward reads it (inverse_for_backward)
     v_flat: torch.Tensor | None = None  # v, g, beta flat and contiguous (saved for backward)
     g_flat: torch.Tensor | None = None
     beta_flat: torch.Tensor | None = None
@@ -543,7 +544,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.l2norm import l2norm_fwd
-    from gdn_core.ops.wy import wy_fwd
+    from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
     tabs = L.tables(v.device)
     if index is None:
@@ -558,7 +559,8 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     else:
         st.q_used, st.k_used = qf, kf
     st.G = chunk_cumsum_fwd(gf, index)
-    _, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group, output_A_inv=False)
+    A_inv, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group)
+    st.A_inv = inverse_for_backward(A_inv, st.k_used, vf)
     if want:
         need = tabs.fwd_need
         _, _, st.summ = chunk_state_fwd(
@@ -667,7 +669,7 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
             st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, st.v_flat,
             st.g_flat, st.beta_flat, st.initial_state, index=st.index, G=st.G,
             q_rstd=st.q_rstd, k_rstd=st.k_rstd, segments=L, seg_states=st.S_in,
-            seg_summ=st.summ,
+            seg_summ=st.summ, A_inv=st.A_inv,
         )
     final = None
     if output_final_state:
@@ -768,7 +770,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
     from gdn_core.ops.dv_local import dv_local_bwd
-    from gdn_core.ops.wy import wy_fwd
+    from gdn_core.ops.wy import wy_apply, wy_fwd
     from gdn_core.typed import require_instance
 
     index = saved.index
@@ -791,7 +793,11 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
 
         G = chunk_cumsum_fwd(saved.g.contiguous(), index)
         saved.G = G
-    bst.A_inv, bst.W, U = wy_fwd(k, v, beta, G, index, group)
+    if saved.A_inv is not None:
+        bst.A_inv = saved.A_inv
+        bst.W, U = wy_apply(k, v, beta, G, saved.A_inv, index, group)
+    else:
+        bst.A_inv, bst.W, U = wy_fwd(k, v, beta, G, index, group)
     bst.h, bst.v_new, _ = chunk_state_fwd(k, bst.W, U, G, index, group, initial_state=init,
                                           output_final_state=False, store_states=True)
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
@@ -967,7 +973,7 @@ def first_document_saved(saved: GDNSaved, length: int) -> GDNSaved:
         beta=cut(saved.beta), G=cut(saved.G), q_rstd=cut(saved.q_rstd),
         k_rstd=cut(saved.k_rstd),
         initial_state=None if saved.initial_state is None else saved.initial_state[:1],
-        index=index, segments=sub,
+        index=index, segments=sub, A_inv=None,
         seg_states=None if sub.trivial or saved.seg_states is None else saved.seg_states[:n0],
         seg_summ=None if saved.seg_summ is None else saved.seg_summ[:n0],
     )

@@ -466,6 +466,7 @@ def _first_fragment_dh0(inner: GDNSaved, do: torch.Tensor, L1: int, S_in: torch.
         q=cut(inner.q), k=cut(inner.k), v=cut(inner.v), g=cut(inner.g), beta=cut(inner.beta),
         G=cut(inner.G), q_rstd=cut(inner.q_rstd), k_rstd=cut(inner.k_rstd),
         initial_state=S_in[None], index=index if inner.backend == "triton" else None,
+        A_inv=None,  # recomputed on the sub-problem's chunk table
     )
     grads = chunk_gdn_bwd(sub, do[:, :L1], None, deterministic=deterministic)
     return grads.dh0[0]

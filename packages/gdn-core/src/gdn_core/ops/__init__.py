@@ -25,7 +25,7 @@ from gdn_core.ops.forward import ForwardTensors, gdn_forward_triton
 from gdn_core.ops.l2norm import l2norm_bwd, l2norm_fwd
 from gdn_core.ops.output import chunk_output_fwd
 from gdn_core.ops.registry import launcher, record_launches, registered_launchers
-from gdn_core.ops.wy import wy_apply, wy_fwd
+from gdn_core.ops.wy import inverse_for_backward, wy_apply, wy_fwd
 
 __all__ = [
     "ForwardTensors",
@@ -34,6 +34,7 @@ __all__ = [
     "chunk_output_fwd",
     "chunk_state_fwd",
     "gdn_forward_triton",
+    "inverse_for_backward",
     "l2norm_bwd",
     "l2norm_fwd",
     "launcher",

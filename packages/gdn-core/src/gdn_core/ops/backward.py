@@ -3,8 +3,10 @@
 Stages (DESIGN.md §2), flat token layout, value head ``hv`` uses q/k head
 ``hv // group``:
 
-0. recompute ``G`` (if not saved), ``A_inv, W, U`` (:func:`~gdn_core.ops.wy.wy_fwd`)
-   and ``h, v_new`` (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd`);
+0. recompute ``G`` (if not saved), ``W, U`` from the forward's saved inverse
+   (:func:`~gdn_core.ops.wy.wy_apply`; or ``A_inv, W, U`` with
+   :func:`~gdn_core.ops.wy.wy_fwd` when none was saved) and ``h, v_new``
+   (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd`);
 1. :func:`~gdn_core.ops.dv_local.dv_local_bwd` — chunk-local ``dV'``;
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
    ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
@@ -312,6 +314,7 @@ def chunk_gdn_backward(
     workspace: BackwardWorkspace | None = None,
     q_rstd: torch.Tensor | None = None,
     k_rstd: torch.Tensor | None = None,
+    A_inv: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Full backward on flat tensors.
 
@@ -319,14 +322,15 @@ def chunk_gdn_backward(
     ``q_rstd``/``k_rstd`` are given: then ``dq``/``dk`` are taken through the
     normalisation's backward); ``v: [T,HV,V]``; ``g, beta: [T,HV]``; ``G``: the
     forward's within-chunk cumsum of ``g`` (fp32) or ``None`` to recompute;
-    ``do: [T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None``.
+    ``do: [T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None``; ``A_inv``: the forward's
+    inverse (:func:`~gdn_core.ops.wy.inverse_for_backward`) or ``None`` to recompute.
 
     Returns ``(dq, dk [T,H,K], dv [T,HV,V], dg, dbeta [T,HV], dh0 [N,HV,K,V] fp32)``
     in the inputs' dtypes.
     """
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
-    from gdn_core.ops.wy import wy_fwd
+    from gdn_core.ops.wy import wy_apply, wy_fwd
 
     T, H, K = k.shape
     HV = v.shape[1]
@@ -342,7 +346,10 @@ def chunk_gdn_backward(
     if G is None:
         G = chunk_cumsum_fwd(g.contiguous(), index)
     G = G.contiguous()
-    A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
+    if A_inv is None:
+        A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
+    else:
+        W, U = wy_apply(k, v, beta, G, A_inv, index, group)
     h, v_new, _ = chunk_state_fwd(
         k, W, U, G, index, group, initial_state=initial_state, output_final_state=False,
         store_states=True,
@@ -391,4 +398,5 @@ def gdn_backward_triton(
         scale=saved.scale, index=saved.index, initial_state=saved.initial_state,
         do=do, dht=dht, deterministic=deterministic, workspace=workspace,
         q_rstd=saved.q_rstd if l2 else None, k_rstd=saved.k_rstd if l2 else None,
+        A_inv=getattr(saved, "A_inv", None),
     )

@@ -2,7 +2,8 @@
 
 ``l2norm (optional) → chunk_cumsum_fwd → wy_fwd → chunk_state_fwd →
 chunk_output_fwd``. Returns only what the backward needs beyond the inputs:
-the backward recomputes ``A_inv``, ``W``, ``U`` and the chunk states.
+``A_inv`` as the backward reads it; the backward recomputes ``W``, ``U`` from
+it and the chunk states.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from gdn_core.ops.chunk_state import chunk_state_fwd
 from gdn_core.ops.cumsum import chunk_cumsum_fwd
 from gdn_core.ops.l2norm import l2norm_fwd
 from gdn_core.ops.output import chunk_output_fwd
-from gdn_core.ops.wy import wy_fwd
+from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
 __all__ = ["ForwardTensors", "gdn_forward_triton"]
 
@@ -32,6 +33,7 @@ class ForwardTensors:
         q_used, k_used: ``[T, H, K]`` the q/k the kernels consumed (normalised
             when ``use_qk_l2norm_in_kernel``, else the inputs themselves).
         q_rstd, k_rstd: ``[T, H]`` fp32 inverse norms, or ``None`` without l2norm.
+        A_inv: ``[T, HV, 64]`` (:func:`~gdn_core.ops.wy.inverse_for_backward`).
     """
 
     o: torch.Tensor
@@ -41,6 +43,7 @@ class ForwardTensors:
     k_used: torch.Tensor
     q_rstd: torch.Tensor | None
     k_rstd: torch.Tensor | None
+    A_inv: torch.Tensor | None = None
 
 
 def gdn_forward_triton(
@@ -84,10 +87,11 @@ def gdn_forward_triton(
     else:
         q_used, k_used, q_rstd, k_rstd = q, k, None, None
     G = chunk_cumsum_fwd(g, index)
-    _, W, U = wy_fwd(k_used, v, beta, G, index, group, output_A_inv=False)
+    A_inv, W, U = wy_fwd(k_used, v, beta, G, index, group)
     h, v_new, final = chunk_state_fwd(
         k_used, W, U, G, index, group, initial_state=initial_state,
         output_final_state=output_final_state, store_states=True,
     )
     o = chunk_output_fwd(q_used, k_used, v_new, h, G, scale, index, group)
-    return ForwardTensors(o, final, G, q_used, k_used, q_rstd, k_rstd)
+    return ForwardTensors(o, final, G, q_used, k_used, q_rstd, k_rstd,
+                          inverse_for_backward(A_inv, k_used, v))

@@ -44,7 +44,7 @@ import triton.language as tl
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
 
-__all__ = ["wy_apply", "wy_config", "wy_fwd"]
+__all__ = ["inverse_for_backward", "wy_apply", "wy_config", "wy_fwd"]
 
 
 @triton.jit
@@ -126,6 +126,8 @@ def _wy_apply_tiles(p_a, RSA, p_k, KS, p_w, WS, p_v, VS, p_u, US, g, beta, t, n,
     a = tl.load(p_a + t[:, None] * RSA + c[None, :], mask=mt[:, None], other=0.0)
     if DOT16:
         a = a.to(p_w.dtype.element_ty)
+    else:
+        a = a.to(tl.float32)
     ek = beta * tl.exp(g)
     for i_k in range(0, tl.cdiv(K, BK)):
         ck = i_k * BK + tl.arange(0, BK)
@@ -344,6 +346,21 @@ def wy_fwd(
     return (A_inv if output_A_inv else None), W, U
 
 
+def _dot16(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the W/U dots take 16-bit operands (pinned config, 16-bit inputs)."""
+    return bool(wy_config(k.shape[2], v.shape[2])["dot16"]) and k.dtype != torch.float32 \
+        and k.dtype == v.dtype
+
+
+def inverse_for_backward(A_inv: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+                         ) -> torch.Tensor:
+    """``A_inv`` (from :func:`wy_fwd` on ``k, v``) as the backward reads it: in
+    ``k``'s 16-bit dtype when the W/U dots round it to that type anyway (the WY
+    backward does too), else as it is (fp32). A backward from it gets the bits
+    it would get from recomputing the inverse, and it takes half the memory."""
+    return A_inv.to(k.dtype) if _dot16(k, v) else A_inv
+
+
 def _launch(kernel, k, v, beta, G, A_inv, W, U, index: ChunkIndex, H: int, HV: int,
             group: int) -> None:
     K, V = k.shape[2], v.shape[2]
@@ -352,7 +369,7 @@ def _launch(kernel, k, v, beta, G, A_inv, W, U, index: ChunkIndex, H: int, HV: i
         k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
         GROUP=group, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
         PREC="ieee" if k.dtype == torch.float32 else "tf32",
-        DOT16=bool(cfg["dot16"]) and k.dtype != torch.float32 and k.dtype == v.dtype,
+        DOT16=_dot16(k, v),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
@@ -367,18 +384,23 @@ def wy_apply(
     index: ChunkIndex,
     group: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``W, U`` of every chunk from a stored ``A_inv`` (what :func:`wy_fwd` returned).
+    """``W, U`` of every chunk from a stored ``A_inv`` (what :func:`wy_fwd` returned,
+    or :func:`inverse_for_backward` of it).
 
-    Same arguments and results as :func:`wy_fwd` plus ``A_inv: [T, HV, 64]``
-    fp32; the bits equal :func:`wy_fwd`'s ``W, U`` (the same tile routine).
+    Same arguments and results as :func:`wy_fwd` plus ``A_inv: [T, HV, 64]``,
+    fp32 or (when the W/U dots take 16-bit operands) in ``k``'s dtype; the bits
+    equal :func:`wy_fwd`'s ``W, U`` (the same tile routine).
 
     Raises:
-        ValueError: on shape mismatches or unsupported head dims.
+        ValueError: on shape mismatches, an ``A_inv`` of another dtype, or
+            unsupported head dims.
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
-    if tuple(A_inv.shape) != (T, HV, 64) or A_inv.dtype != torch.float32:
-        raise ValueError(f"A_inv must be [T, HV, 64] = {(T, HV, 64)} fp32, got "
+    allowed = (torch.float32, k.dtype) if _dot16(k, v) else (torch.float32,)
+    if tuple(A_inv.shape) != (T, HV, 64) or A_inv.dtype not in allowed:
+        raise ValueError(f"A_inv must be [T, HV, 64] = {(T, HV, 64)} in "
+                         f"{' or '.join(str(d) for d in allowed)}, got "
                          f"{tuple(A_inv.shape)} {A_inv.dtype}")
     _check_inputs(k, v, beta, G, index, group)
     k, v, beta, G, A_inv = (x.contiguous() for x in (k, v, beta, G, A_inv))
