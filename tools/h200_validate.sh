@@ -6,7 +6,9 @@
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
 # .whl/ must hold fla-core's wheel (python3 -m pip download --no-deps
-# fla-core==0.6.0 -d .whl). STAGES picks the parts ("tests shapes bench kcp nccl", "split");
+# fla-core==0.6.0 -d .whl). STAGES picks the parts ("sanitize tests shapes bench kcp
+# nccl", "split"); "sanitize" runs compute-sanitizer on the two shapes that hit
+# an illegal address on 2026-11-30 (it names the faulting kernel);
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
 #
 # A device command may run 10 minutes. The gpu tests are compile-bound (one
@@ -69,6 +71,17 @@ run_cpu_shapes() {  # gdn-core's interpreter-suite shapes (odd K/V, grouped head
     packages/gdn-core/tests/test_ops_backward.py packages/gdn-core/tests/test_segment.py \
     2>&1 | grep -v '^DEBUG\|^INFO' > "$OUT/cpu_shapes_on_gpu.log"
   echo "interpreter-suite shapes on the GPU exit ${PIPESTATUS[0]}"; tail -6 "$OUT/cpu_shapes_on_gpu.log"
+}
+
+run_sanitize() {  # the two shapes that hit an illegal address on 2026-11-30, under compute-sanitizer
+  local T=packages/gdn-core/tests/test_ops_backward.py
+  for k in "test_full_backward_gpu and group4 and bf16" "test_full_backward and K48"; do
+    CUDA_VISIBLE_DEVICES=${TEST_GPU:-0} timeout 240 compute-sanitizer --tool memcheck --print-limit 8 \
+      python3 -m pytest -q -x -p no:cacheprovider --import-mode=importlib $T -k "$k" \
+      > "$OUT/sanitize_${k//[^A-Za-z0-9]/_}.log" 2>&1
+    echo "sanitize [$k] exit $?"
+    grep -E "Invalid|at 0x|in _|ERROR SUMMARY|passed|failed" "$OUT/sanitize_${k//[^A-Za-z0-9]/_}.log" | head -12
+  done
 }
 
 bench_half() {  # name shapes acc gpu cores
@@ -140,6 +153,7 @@ run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 ker
 # One stage after another: nothing shares a GPU with a timed run.
 if [[ $STAGES == *split* ]]; then run_split; fi
 if [[ $STAGES == *tests* ]]; then run_tests; fi
+if [[ $STAGES == *sanitize* ]]; then run_sanitize; fi
 if [[ $STAGES == *shapes* ]]; then run_cpu_shapes; fi
 if [[ $STAGES == *bench* ]]; then run_bench; fi
 if [[ $STAGES == *kcp* ]]; then run_kcp; fi
