@@ -7,7 +7,7 @@ with its wheel. Use the GPU machine's Triton for figures that match it::
     python -m pip install --no-deps --target /tmp/t36 triton==3.6.0
     PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py
 
-prints the WY kernels at bf16, K=V=128 (the example); from Python,
+prints the WY kernel (inverting and applying) at bf16, K=V=128 (the example); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any kernel.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
 int argument written ``"i32:16"`` as a multiple of 16 (the JIT specialises
@@ -70,12 +70,13 @@ def report(fn, types: list[str], constexprs: dict, num_warps: int = 4, num_stage
 
 
 if __name__ == "__main__":
-    from gdn_core.ops.wy import _wy_apply_kernel, _wy_fwd_kernel, wy_config
+    from gdn_core.ops.wy import _wy_kernel, wy_config
 
     cfg = wy_config(128, 128)
     types = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
              "i32:16", "i32:16"]
-    for kern in (_wy_fwd_kernel, _wy_apply_kernel):
-        report(kern, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"], "BV": cfg["BV"],
-                             "PREC": "tf32", "DOT16": bool(cfg["dot16"])},
+    for invert in (True, False):  # wy_fwd, wy_apply
+        report(_wy_kernel, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"],
+                                   "BV": cfg["BV"], "PREC": "tf32",
+                                   "DOT16": bool(cfg["dot16"]), "INVERT": invert},
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

@@ -22,8 +22,9 @@ resident), separated by CTA barriers:
    (A_BL X_TL)`` on 32×32 tiles. IEEE fp32 throughout; each finished block
    overwrites ``A``'s once nothing reads it any more.
 3. ``W`` and ``U``: the full ``[64, 64]`` inverse read back and applied with one
-   dot per 64-column tile (:func:`_wy_apply_tiles`, shared with
-   :func:`wy_apply`, which recomputes ``W, U`` from a stored ``A_inv``). For
+   dot per 64-column tile (:func:`_wy_apply_tiles`). :func:`wy_apply`, which
+   recomputes ``W, U`` from a stored ``A_inv``, runs this phase alone (the
+   same kernel with ``INVERT=False``). For
    16-bit inputs both operands are rounded to the input type for a native
    16-bit dot (``W``/``U`` are stored in that type anyway); fp32 inputs take
    IEEE fp32 dots.
@@ -152,7 +153,7 @@ def _wy_apply_tiles(p_a, RSA, p_k, KS, p_w, WS, p_v, VS, p_u, US, g, beta, t, n,
 
 
 @triton.jit
-def _wy_fwd_kernel(
+def _wy_kernel(
     k,
     v,
     beta,
@@ -171,7 +172,10 @@ def _wy_fwd_kernel(
     BV: tl.constexpr,
     PREC: tl.constexpr,
     DOT16: tl.constexpr,
+    INVERT: tl.constexpr,
 ):
+    """One chunk × value head. ``INVERT``: phases 1–2 build ``A_inv`` in place
+    (:func:`wy_fwd`); else ``A_inv`` is read as given (:func:`wy_apply`)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
@@ -187,84 +191,50 @@ def _wy_fwd_kernel(
     g = tl.load(G + bos * HV + i_hv + t * HV, mask=mt, other=0.0)
     b = tl.load(beta + bos * HV + i_hv + t * HV, mask=mt, other=0.0).to(tl.float32)
 
-    # ---- phase 1: A = strict-lower( β_i exp(G_i − G_j) k_i·k_j ) ----
-    kk = tl.zeros([64, 64], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        ck = i_k * BK + tl.arange(0, BK)
-        mk = ck < K
-        kk = tl.dot(_ld(p_k, t, mt, ck, mk, KS), _ld_t(p_k, t, mt, ck, mk, KS), kk,
-                    input_precision=PREC)
-    m = (t[:, None] > t[None, :]) & mt[:, None]
-    e = tl.exp(tl.where(m, g[:, None] - g[None, :], 0.0))
-    tl.store(p_a + t[:, None] * RS + t[None, :], tl.where(m, kk * e * b[:, None], 0.0),
-             mask=mt[:, None])
-    tl.debug_barrier()
+    if INVERT:
+        # ---- phase 1: A = strict-lower( β_i exp(G_i − G_j) k_i·k_j ) ----
+        kk = tl.zeros([64, 64], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            ck = i_k * BK + tl.arange(0, BK)
+            mk = ck < K
+            kk = tl.dot(_ld(p_k, t, mt, ck, mk, KS), _ld_t(p_k, t, mt, ck, mk, KS), kk,
+                        input_precision=PREC)
+        m = (t[:, None] > t[None, :]) & mt[:, None]
+        e = tl.exp(tl.where(m, g[:, None] - g[None, :], 0.0))
+        tl.store(p_a + t[:, None] * RS + t[None, :], tl.where(m, kk * e * b[:, None], 0.0),
+                 mask=mt[:, None])
+        tl.debug_barrier()
 
-    # ---- phase 2: (I + A)^{-1} ----
-    # diagonal blocks, written over A's (read only by the substitution)
-    xt = _inv_diag_blocks(p_a, n, RS)
-    rr = tl.arange(0, 64)
-    c = tl.arange(0, 16)
-    blk = (rr // 16) * 16
-    tl.debug_barrier()
-    tl.store(p_a + (blk[:, None] + c[None, :]) * RS + blk[:, None] + (rr % 16)[:, None], xt,
-             mask=(blk[:, None] + c[None, :]) < n)
-    tl.debug_barrier()
-    # 32×32 diagonal halves: X_10 = −X_11 A_10 X_00, X_32 = −X_33 A_32 X_22
-    x10 = -_ieee(_ld_sq(p_a, 16, 16, 16, n, RS),
-                 _ieee(_ld_sq(p_a, 16, 0, 16, n, RS), _ld_sq(p_a, 0, 0, 16, n, RS)))
-    x32 = -_ieee(_ld_sq(p_a, 48, 48, 16, n, RS),
-                 _ieee(_ld_sq(p_a, 48, 32, 16, n, RS), _ld_sq(p_a, 32, 32, 16, n, RS)))
-    tl.debug_barrier()
-    _st_sq(p_a, 16, 0, 16, n, RS, x10)
-    _st_sq(p_a, 48, 32, 16, n, RS, x32)
-    tl.debug_barrier()
-    # the bottom-left half: X_BL = −X_BR (A_BL X_TL), 32×32 tiles
-    x_bl = -_ieee(_ld_sq(p_a, 32, 32, 32, n, RS),
-                  _ieee(_ld_sq(p_a, 32, 0, 32, n, RS), _ld_sq(p_a, 0, 0, 32, n, RS)))
-    tl.debug_barrier()
-    _st_sq(p_a, 32, 0, 32, n, RS, x_bl)
-    tl.debug_barrier()
+        # ---- phase 2: (I + A)^{-1} ----
+        # diagonal blocks, written over A's (read only by the substitution)
+        xt = _inv_diag_blocks(p_a, n, RS)
+        rr = tl.arange(0, 64)
+        c = tl.arange(0, 16)
+        blk = (rr // 16) * 16
+        tl.debug_barrier()
+        tl.store(p_a + (blk[:, None] + c[None, :]) * RS + blk[:, None] + (rr % 16)[:, None], xt,
+                 mask=(blk[:, None] + c[None, :]) < n)
+        tl.debug_barrier()
+        # 32×32 diagonal halves: X_10 = −X_11 A_10 X_00, X_32 = −X_33 A_32 X_22
+        x10 = -_ieee(_ld_sq(p_a, 16, 16, 16, n, RS),
+                     _ieee(_ld_sq(p_a, 16, 0, 16, n, RS), _ld_sq(p_a, 0, 0, 16, n, RS)))
+        x32 = -_ieee(_ld_sq(p_a, 48, 48, 16, n, RS),
+                     _ieee(_ld_sq(p_a, 48, 32, 16, n, RS), _ld_sq(p_a, 32, 32, 16, n, RS)))
+        tl.debug_barrier()
+        _st_sq(p_a, 16, 0, 16, n, RS, x10)
+        _st_sq(p_a, 48, 32, 16, n, RS, x32)
+        tl.debug_barrier()
+        # the bottom-left half: X_BL = −X_BR (A_BL X_TL), 32×32 tiles
+        x_bl = -_ieee(_ld_sq(p_a, 32, 32, 32, n, RS),
+                      _ieee(_ld_sq(p_a, 32, 0, 32, n, RS), _ld_sq(p_a, 0, 0, 32, n, RS)))
+        tl.debug_barrier()
+        _st_sq(p_a, 32, 0, 32, n, RS, x_bl)
+        tl.debug_barrier()
 
     # ---- phase 3: W, U ----
     _wy_apply_tiles(p_a, RS, p_k, KS, W + bos * HV * K + i_hv * K, HV * K,
                     v + bos * HV * V + i_hv * V, HV * V, U + bos * HV * V + i_hv * V, HV * V,
                     g, b, t, n, K, V, BK, BV, PREC, DOT16)
-
-
-@triton.jit
-def _wy_apply_kernel(
-    k,
-    v,
-    beta,
-    G,
-    A_inv,
-    W,
-    U,
-    chunk_start,
-    chunk_len,
-    H,
-    HV,
-    GROUP: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    PREC: tl.constexpr,
-    DOT16: tl.constexpr,
-):
-    i_c = tl.program_id(0)
-    i_hv = tl.program_id(1)
-    i_h = i_hv // GROUP
-    bos = tl.load(chunk_start + i_c).to(tl.int64)
-    n = tl.load(chunk_len + i_c)
-    t = tl.arange(0, 64)
-    mt = t < n
-    g = tl.load(G + bos * HV + i_hv + t * HV, mask=mt, other=0.0)
-    b = tl.load(beta + bos * HV + i_hv + t * HV, mask=mt, other=0.0).to(tl.float32)
-    _wy_apply_tiles(A_inv + bos * HV * 64 + i_hv * 64, HV * 64, k + bos * H * K + i_h * K, H * K,
-                    W + bos * HV * K + i_hv * K, HV * K, v + bos * HV * V + i_hv * V, HV * V,
-                    U + bos * HV * V + i_hv * V, HV * V, g, b, t, n, K, V, BK, BV, PREC, DOT16)
 
 
 def _check_dims(K: int, V: int) -> None:
@@ -301,7 +271,7 @@ def wy_config(K: int, V: int) -> dict[str, int]:
     }
 
 
-@launcher(uses_atomics=False, kernels=(_wy_fwd_kernel,))
+@launcher(uses_atomics=False, kernels=(_wy_kernel,))
 def wy_fwd(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -342,7 +312,7 @@ def wy_fwd(
     U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     NT = index.num_chunks
     if NT > 0 and HV > 0:
-        _launch(_wy_fwd_kernel, k, v, beta, G, A_inv, W, U, index, H, HV, group)
+        _launch(k, v, beta, G, A_inv, W, U, index, H, HV, group, invert=True)
     return (A_inv if output_A_inv else None), W, U
 
 
@@ -361,20 +331,20 @@ def inverse_for_backward(A_inv: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return A_inv.to(k.dtype) if _dot16(k, v) else A_inv
 
 
-def _launch(kernel, k, v, beta, G, A_inv, W, U, index: ChunkIndex, H: int, HV: int,
-            group: int) -> None:
+def _launch(k, v, beta, G, A_inv, W, U, index: ChunkIndex, H: int, HV: int, group: int,
+            *, invert: bool) -> None:
     K, V = k.shape[2], v.shape[2]
     cfg = wy_config(K, V)
-    kernel[(index.num_chunks, HV)](
+    _wy_kernel[(index.num_chunks, HV)](
         k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
         GROUP=group, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
         PREC="ieee" if k.dtype == torch.float32 else "tf32",
-        DOT16=_dot16(k, v),
+        DOT16=_dot16(k, v), INVERT=invert,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
 
 
-@launcher(uses_atomics=False, kernels=(_wy_apply_kernel,))
+@launcher(uses_atomics=False, kernels=(_wy_kernel,))
 def wy_apply(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -407,5 +377,5 @@ def wy_apply(
     W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
     U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if index.num_chunks > 0 and HV > 0:
-        _launch(_wy_apply_kernel, k, v, beta, G.float(), A_inv, W, U, index, H, HV, group)
+        _launch(k, v, beta, G.float(), A_inv, W, U, index, H, HV, group, invert=False)
     return W, U
