@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.kcp.testing import run_world
-from gdn_core.testkit import kcp_case_inputs
+from gdn_core.testkit import kcp_case_single_device, rel_err
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -43,22 +42,12 @@ CASES = [
 
 def _single_gpu(case: dict) -> dict:
     """The whole input on GPU 0 through the deterministic single-rank path."""
-    q, k, v, g, beta, do = kcp_case_inputs(case, torch.device("cuda", 0))
-    seg = case.get("segment_size") or 0
-    o, _, saved = chunk_gdn_fwd(q, k, v, g, beta, cu_seqlens=case["offsets"],
-                                deterministic=True, use_qk_l2norm_in_kernel=True,
-                                segment_size=seg)
-    grads = chunk_gdn_bwd(saved, do, deterministic=True)
-    return {"o": o.cpu(), **{n: getattr(grads, n).cpu() for n in NAMES[1:]}}
+    return kcp_case_single_device(case, torch.device("cuda", 0), deterministic=True,
+                                  segment_size=case.get("segment_size") or 0)
 
 
 def _gather(per_rank: list[list[dict]], i: int) -> dict:
     return {n: torch.cat([r[i][n] for r in per_rank], dim=1) for n in NAMES}
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 @pytest.fixture(autouse=True)
@@ -83,4 +72,5 @@ def test_nccl_world_matches_single_gpu_and_repeats(world):
             if case["boundary"] == "segment":
                 assert torch.equal(got[n], want[n]), (case["exchange"], n)
             else:
-                assert _rel(got[n], want[n]) < 1e-2, (case["boundary"], n, _rel(got[n], want[n]))
+                err = rel_err(got[n], want[n])
+                assert err < 1e-2, (case["boundary"], n, err)

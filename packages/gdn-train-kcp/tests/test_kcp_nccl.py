@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.kcp.testing import run_world
-from gdn_core.testkit import kcp_case_inputs
+from gdn_core.testkit import kcp_case_single_device, rel_err
 
 pytestmark = [
     pytest.mark.gpu,
@@ -34,19 +33,6 @@ CASES = [
 ]
 
 
-def _single_gpu(case: dict) -> dict:
-    q, k, v, g, beta, do = kcp_case_inputs(case, torch.device("cuda", 0))
-    o, _, saved = chunk_gdn_fwd(q, k, v, g, beta, cu_seqlens=case["offsets"],
-                                deterministic=False, use_qk_l2norm_in_kernel=True)
-    grads = chunk_gdn_bwd(saved, do, deterministic=False)
-    return {"o": o.cpu(), **{n: getattr(grads, n).cpu() for n in NAMES[1:]}}
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_nccl_world_matches_single_gpu(world):
     if torch.cuda.device_count() < world:
@@ -54,8 +40,8 @@ def test_nccl_world_matches_single_gpu(world):
     per_rank = run_world(world, WORKER, "nccl_checks", {"cases": CASES}, backend="nccl",
                          timeout=900)
     for i, case in enumerate(CASES):
-        want = _single_gpu(case)
+        want = kcp_case_single_device(case, torch.device("cuda", 0), deterministic=False)
         for n in NAMES:
             got = torch.cat([r[i][n] for r in per_rank], dim=1)
-            err = _rel(got, want[n])
+            err = rel_err(got, want[n])
             assert err < 1e-2, (case["boundary"], case["exchange"], n, err)

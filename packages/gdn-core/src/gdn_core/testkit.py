@@ -26,6 +26,7 @@ __all__ = [
     "assert_close",
     "assert_equal",
     "kcp_case_inputs",
+    "kcp_case_single_device",
     "make_inputs",
     "reference_gdn",
     "rel_err",
@@ -101,6 +102,21 @@ def kcp_case_inputs(case: dict, device) -> list[torch.Tensor]:
     do = torch.randn(1, T, HV, V, generator=gen)
     dtype = getattr(torch, case["dtype"])
     return [x.to(device, dtype) for x in (q, k, v, g, beta, do)]
+
+
+def kcp_case_single_device(case: dict, device, *, deterministic: bool,
+                           segment_size: int | None = None) -> dict[str, torch.Tensor]:
+    """A context-parallel test case's whole input through the single-device path
+    (in-kernel L2 norm, as the rank workers run it): ``o`` and the gradients of
+    ``q, k, v, g, beta`` (``"dq"`` …), on the CPU, to compare gathered ranks with."""
+    from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
+
+    q, k, v, g, beta, do = kcp_case_inputs(case, device)
+    o, _, saved = chunk_gdn_fwd(q, k, v, g, beta, cu_seqlens=case["offsets"],
+                                deterministic=deterministic, use_qk_l2norm_in_kernel=True,
+                                segment_size=segment_size)
+    grads = chunk_gdn_bwd(saved, do, deterministic=deterministic)
+    return {"o": o.cpu(), **{n: getattr(grads, n).cpu() for n in ("dq", "dk", "dv", "dg", "dbeta")}}
 
 
 def reference_gdn(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
