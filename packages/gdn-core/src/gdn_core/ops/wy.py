@@ -255,7 +255,7 @@ def _check_inputs(k, v, beta, G, index: ChunkIndex, group: int) -> None:
             f"G {tuple(G.shape)}, group {group}"
         )
     if index.chunk_size != 64:
-        raise ValueError(f"wy_fwd needs chunk size 64, got {index.chunk_size}")
+        raise ValueError(f"the WY kernels need chunk size 64, got {index.chunk_size}")
     _check_dims(K, V)
 
 
@@ -300,19 +300,10 @@ def wy_fwd(
         chunk's length) or ``None``; ``W: [T, HV, K]`` in ``k``'s dtype;
         ``U: [T, HV, V]`` in ``v``'s dtype.
     """
-    T, H, K = k.shape
-    HV, V = v.shape[1], v.shape[2]
     _check_inputs(k, v, beta, G, index, group)
-    k, v, beta, G = (x.contiguous() for x in (k, v, beta, G))
-    if G.dtype != torch.float32:
-        G = G.float()
     # The kernel builds the inverse in A_inv's memory: allocated either way.
-    A_inv = torch.empty(T, HV, 64, dtype=torch.float32, device=k.device)
-    W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
-    U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
-    NT = index.num_chunks
-    if NT > 0 and HV > 0:
-        _launch(k, v, beta, G, A_inv, W, U, index, H, HV, group, invert=True)
+    A_inv = torch.empty(k.shape[0], v.shape[1], 64, dtype=torch.float32, device=k.device)
+    W, U = _launch(k, v, beta, G, A_inv, index, group, invert=True)
     return (A_inv if output_A_inv else None), W, U
 
 
@@ -331,9 +322,17 @@ def inverse_for_backward(A_inv: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return A_inv.to(k.dtype) if _dot16(k, v) else A_inv
 
 
-def _launch(k, v, beta, G, A_inv, W, U, index: ChunkIndex, H: int, HV: int, group: int,
-            *, invert: bool) -> None:
-    K, V = k.shape[2], v.shape[2]
+def _launch(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run :func:`_wy_kernel` (inputs checked by the caller) → ``(W, U)``."""
+    T, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    k, v, beta, A_inv = (x.contiguous() for x in (k, v, beta, A_inv))
+    G = G.contiguous().float()
+    W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
+    U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
+    if index.num_chunks == 0 or HV == 0:
+        return W, U
     cfg = wy_config(K, V)
     _wy_kernel[(index.num_chunks, HV)](
         k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
@@ -342,6 +341,7 @@ def _launch(k, v, beta, G, A_inv, W, U, index: ChunkIndex, H: int, HV: int, grou
         DOT16=_dot16(k, v), INVERT=invert,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    return W, U
 
 
 @launcher(uses_atomics=False, kernels=(_wy_kernel,))
@@ -365,17 +365,11 @@ def wy_apply(
         ValueError: on shape mismatches, an ``A_inv`` of another dtype, or
             unsupported head dims.
     """
-    T, H, K = k.shape
-    HV, V = v.shape[1], v.shape[2]
+    T, HV = k.shape[0], v.shape[1]
     allowed = (torch.float32, k.dtype) if _dot16(k, v) else (torch.float32,)
     if tuple(A_inv.shape) != (T, HV, 64) or A_inv.dtype not in allowed:
         raise ValueError(f"A_inv must be [T, HV, 64] = {(T, HV, 64)} in "
                          f"{' or '.join(str(d) for d in allowed)}, got "
                          f"{tuple(A_inv.shape)} {A_inv.dtype}")
     _check_inputs(k, v, beta, G, index, group)
-    k, v, beta, G, A_inv = (x.contiguous() for x in (k, v, beta, G, A_inv))
-    W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
-    U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
-    if index.num_chunks > 0 and HV > 0:
-        _launch(k, v, beta, G.float(), A_inv, W, U, index, H, HV, group, invert=False)
-    return W, U
+    return _launch(k, v, beta, G, A_inv, index, group, invert=False)
