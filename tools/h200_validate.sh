@@ -74,14 +74,16 @@ run_cpu_shapes() {  # gdn-core's interpreter-suite shapes (odd K/V, grouped head
 }
 
 run_sanitize() {  # the two shapes that hit an illegal address on 2026-11-30, under compute-sanitizer
-  local T=packages/gdn-core/tests/test_ops_backward.py
+  local T=packages/gdn-core/tests/test_ops_backward.py i=0
   for k in "test_full_backward_gpu and group4 and bf16" "test_full_backward and K48"; do
-    CUDA_VISIBLE_DEVICES=${TEST_GPU:-0} timeout 240 compute-sanitizer --tool memcheck --print-limit 8 \
-      python3 -m pytest -q -x -p no:cacheprovider --import-mode=importlib $T -k "$k" \
-      > "$OUT/sanitize_${k//[^A-Za-z0-9]/_}.log" 2>&1
-    echo "sanitize [$k] exit $?"
-    grep -E "Invalid|at 0x|in _|ERROR SUMMARY|passed|failed" "$OUT/sanitize_${k//[^A-Za-z0-9]/_}.log" | head -12
+    local log="$OUT/sanitize_${k//[^A-Za-z0-9]/_}.log" gpu=$(( i % NGPU )); i=$((i + 1))
+    ( CUDA_VISIBLE_DEVICES=${TEST_GPU:-$gpu} timeout "${SANITIZE_TIMEOUT:-240}" \
+        compute-sanitizer --tool memcheck --print-limit 8 \
+        python3 -m pytest -q -x -p no:cacheprovider --import-mode=importlib $T -k "$k" > "$log" 2>&1
+      echo "sanitize [$k] exit $?"
+      grep -E "Invalid|at 0x|in _|ERROR SUMMARY|passed|failed" "$log" | head -12 ) &
   done
+  wait
 }
 
 bench_half() {  # name shapes acc gpu cores
