@@ -31,6 +31,7 @@ import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
+from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["chunk_state_fwd", "chunk_state_config"]
 
@@ -150,8 +151,8 @@ def chunk_state_config(K: int, V: int, elem_bytes: int = 2) -> dict[str, int]:
     Three stages fit in shared memory for 16-bit inputs (``elem_bytes=2``) up
     to ``BK = 128``; fp32 inputs and ``BK = 256`` keep two.
     """
-    BK = triton.next_power_of_2(K)
-    BV = min(triton.next_power_of_2(V), 32 if BK >= 128 else 64)
+    BK = dot_tile(K)
+    BV = dot_tile(V, 32 if BK >= 128 else 64)
     num_warps = 4 if BK * BV <= 64 * 64 else 8
     stages = 3 if BK <= 128 and elem_bytes <= 2 else 2
     return {"BK": BK, "BV": BV, "num_warps": num_warps, "num_stages": stages}

@@ -48,6 +48,7 @@ import triton.language as tl
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.dv_local import dot_precision
 from gdn_core.ops.registry import launcher
+from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["dqkwg_bwd", "dqkwg_config"]
 
@@ -182,8 +183,8 @@ def _dqkwg_kernel(
 def dqkwg_config(K: int, V: int) -> dict:
     """Pinned launch configuration (``BK`` also fixes the number of dg partials)."""
     return {
-        "BK": min(64, triton.next_power_of_2(K)),
-        "BV": min(64, triton.next_power_of_2(V)),
+        "BK": dot_tile(K, 64),
+        "BV": dot_tile(V, 64),
         "num_warps": 4,
         "num_stages": 2,
     }

@@ -21,6 +21,7 @@ import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
+from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["dv_local_bwd", "dv_local_config"]
 
@@ -91,8 +92,8 @@ def dot_precision(dtype: torch.dtype) -> str:
 def dv_local_config(K: int, V: int) -> dict:
     """Pinned launch configuration (the same in both modes)."""
     return {
-        "BK": min(64, triton.next_power_of_2(K)),
-        "BV": min(64, triton.next_power_of_2(V)),
+        "BK": dot_tile(K, 64),
+        "BV": dot_tile(V, 64),
         "num_warps": 4,
         "num_stages": 1,
     }

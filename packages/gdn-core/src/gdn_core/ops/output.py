@@ -19,6 +19,7 @@ import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
+from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["chunk_output_fwd", "chunk_output_config"]
 
@@ -88,8 +89,8 @@ def _chunk_output_fwd_kernel(
 
 def chunk_output_config(K: int, V: int) -> dict[str, int]:
     """Pinned launch configuration of the output kernel for head dims ``K, V``."""
-    BK = min(64, triton.next_power_of_2(K))
-    BV = min(64, triton.next_power_of_2(V))
+    BK = dot_tile(K, 64)
+    BV = dot_tile(V, 64)
     return {"BK": BK, "BV": BV, "num_warps": 4, "num_stages": 2}
 
 

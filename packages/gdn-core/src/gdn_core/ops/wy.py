@@ -44,6 +44,7 @@ import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
+from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["inverse_for_backward", "wy_apply", "wy_config", "wy_fwd"]
 
@@ -263,8 +264,8 @@ def wy_config(K: int, V: int) -> dict[str, int]:
     """Pinned launch configuration of the WY kernels for head dims ``K, V``
     (``dot16``: 16-bit inputs take the 16-bit W/U dot, see :func:`_wy_apply_tiles`)."""
     return {
-        "BK": min(64, triton.next_power_of_2(K)),
-        "BV": min(64, triton.next_power_of_2(V)),
+        "BK": dot_tile(K, 64),
+        "BV": dot_tile(V, 64),
         "num_warps": 8,
         "num_stages": 1,
         "dot16": 1,

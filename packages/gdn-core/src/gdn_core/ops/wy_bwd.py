@@ -53,6 +53,7 @@ import triton.language as tl
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.dv_local import dot_precision
 from gdn_core.ops.registry import launcher
+from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["wy_bwd", "wy_bwd_config"]
 
@@ -192,8 +193,8 @@ def wy_bwd_config(K: int, V: int) -> dict:
     168-register cap (three CTAs per SM); ptxas reports no spills under the cap for
     16-bit K/V = 128/128, 64/256, 256/64, 80/112 and 256/256 (see the module docstring)."""
     return {
-        "BK": min(32, triton.next_power_of_2(K)),
-        "BV": min(32, triton.next_power_of_2(V)),
+        "BK": dot_tile(K, 32),
+        "BV": dot_tile(V, 32),
         "num_warps": 4,
         "num_stages": 2,
         "maxnreg": 168,
