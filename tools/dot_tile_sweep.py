@@ -5,8 +5,10 @@ backward tests under alternative kernel configurations, each in its own process
     python tools/dot_tile_sweep.py [--jobs 6]
 
 Each variant patches ``gdn_core.ops.tiles.MIN_DOT_TILE`` and/or one kernel's
-pinned configuration before pytest runs the selected tests; it prints one line per
-variant: passed / failed with the first assertion or CUDA error. Needs CUDA.
+pinned configuration before pytest runs the selected tests ("head": the code as it
+is); it prints one line per variant and selection: passed / failed with the first
+assertion or CUDA error. Needs CUDA. The figures behind ``gdn_core.ops.tiles``:
+``benchmarks/results/2026-11-30-h200-s4-tiles.md``.
 """
 
 from __future__ import annotations
@@ -33,12 +35,9 @@ def _state_bwd(BV: int, warps: int) -> str:
 
 
 VARIANTS = {  # name -> (patch source, selections)
-    "floor32": ("", ["K256-bf16", "small-heads"]),
-    "floor64": ("import gdn_core.ops.tiles as t; t.MIN_DOT_TILE = 64\n",
-                ["K256-bf16", "small-heads", "gpu-cases-bf16"]),
-    "state_bwd-K256-BV16-w4": (_state_bwd(16, 4), ["K256-bf16"]),
-    "state_bwd-K256-BV32-w4": (_state_bwd(32, 4), ["K256-bf16"]),
-    "state_bwd-K256-BV64-w8": (_state_bwd(64, 8), ["K256-bf16"]),
+    "head": ("", ["K256-bf16", "small-heads", "gpu-cases-bf16"]),
+    "floor32": ("import gdn_core.ops.tiles as t; t.MIN_DOT_TILE = 32\n", ["small-heads"]),
+    "state_bwd-K256-BV32-w8": (_state_bwd(32, 8), ["K256-bf16"]),
 }
 
 

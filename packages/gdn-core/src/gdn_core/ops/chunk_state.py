@@ -151,7 +151,7 @@ def chunk_state_config(K: int, V: int, elem_bytes: int = 2) -> dict[str, int]:
     Three stages fit in shared memory for 16-bit inputs (``elem_bytes=2``) up
     to ``BK = 128``; fp32 inputs and ``BK = 256`` keep two.
     """
-    BK = dot_tile(K)
+    BK = dot_tile(K, 256)
     BV = dot_tile(V, 32 if BK >= 128 else 64)
     num_warps = 4 if BK * BV <= 64 * 64 else 8
     stages = 3 if BK <= 128 and elem_bytes <= 2 else 2

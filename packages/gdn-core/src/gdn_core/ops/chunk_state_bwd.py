@@ -150,12 +150,12 @@ def chunk_state_bwd_config(K: int, V: int, elem_bytes: int = 2) -> dict:
     ``num_stages=3`` the pipeliner keeps the next two chunks' copies in flight
     behind the serial ``dS`` chain. That fits in shared memory for 16-bit
     inputs (``elem_bytes=2``) up to ``BK = 128`` (fp32 at K=V=128 needs 241 KB
-    of the H200's 227 KB); fp32 inputs and ``BK = 256`` take one stage, and
-    ``BK = 256`` takes 8 warps (its ``[256, 32]`` fp32 ``dS`` tile: 184 registers
-    against 255 at 4 warps, Triton 3.6 ptxas).
+    of the H200's 227 KB); fp32 inputs and ``BK = 256`` take one stage. ``BK = 256``
+    takes ``BV = 64`` on 8 warps: 32 columns there give wrong gradients on the H200
+    (:mod:`gdn_core.ops.tiles`).
     """
-    BK = dot_tile(K)
-    BV = dot_tile(V, 32)
+    BK = dot_tile(K, 256)
+    BV = dot_tile(V, 32 if BK <= 128 else 64)
     stages = 3 if BK <= 128 and elem_bytes <= 2 else 1
     return {"BK": BK, "BV": BV, "num_warps": 4 if BK <= 128 else 8, "num_stages": stages}
 

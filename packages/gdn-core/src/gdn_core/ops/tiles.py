@@ -1,4 +1,16 @@
-"""Block sizes for head dimensions that become ``tl.dot`` operand dimensions."""
+"""Block sizes for head dimensions that become ``tl.dot`` operand dimensions.
+
+Triton 3.6's Hopper (wgmma) code is wrong for some narrow dot dimensions in
+kernels with several dots. Measured on the H200 (2026-11-30,
+``benchmarks/results/2026-11-30-h200-s4-tiles.md``): a 16-wide value block
+reads shared memory out of bounds (compute-sanitizer: ``_chunk_output_fwd_kernel``
+at V=16, ``_chunk_state_bwd_kernel`` at K=256); a 32-wide one faults in the
+small-head suite and gives silently wrong gradients in ``_chunk_state_bwd_kernel``
+at K=256 (``dh0`` 81% off, or ``dg`` 3.3% off at 8 warps); 64 is right everywhere
+the GPU tests look. So head dimensions are padded (the kernels mask) to at least
+:data:`MIN_DOT_TILE`; a kernel may still cap its block at 32 where the GPU tests
+validate that shape (the state kernels and the WY backward at K ≤ 128).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +18,10 @@ import triton
 
 __all__ = ["MIN_DOT_TILE", "dot_tile"]
 
-#: The smallest block any kernel uses for a K or V extent. Triton 3.6's Hopper
-#: (wgmma) code reads shared memory out of bounds when a dot has a 16-wide
-#: operand dimension beside other dots: compute-sanitizer on the H200
-#: (2026-11-30) caught ``_chunk_output_fwd_kernel`` at V=16 and
-#: ``_chunk_state_bwd_kernel`` at K=256 with BV=16, both ending in an illegal
-#: address. Smaller heads are padded up to 32 by the kernels' masks instead.
-MIN_DOT_TILE = 32
+MIN_DOT_TILE = 64
 
 
-def dot_tile(n: int, cap: int | None = None) -> int:
-    """Block size covering ``n`` (a head dimension): the next power of two, at most
-    ``cap`` (when given), never below :data:`MIN_DOT_TILE`."""
-    tile = triton.next_power_of_2(n)
-    if cap is not None:
-        tile = min(tile, cap)
-    return max(tile, MIN_DOT_TILE)
+def dot_tile(n: int, cap: int) -> int:
+    """Block size for a head dimension ``n``: the next power of two, raised to
+    :data:`MIN_DOT_TILE`, then capped at ``cap`` (the kernel's chosen width)."""
+    return min(cap, max(MIN_DOT_TILE, triton.next_power_of_2(n)))
