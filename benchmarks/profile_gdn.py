@@ -4,6 +4,9 @@ For each shape and segment size: the host time to enqueue one fwd+bwd (no
 synchronisation), the wall time with synchronisation (median of ``--iters``),
 and a torch.profiler table of the kernels (CUDA time, calls). A host time
 close to the wall time means the call is launch-bound, not GPU-bound.
+``--package fla`` profiles fla's ``chunk_gated_delta_rule`` (forward +
+``autograd.grad``, loaded and patched as ``bench_gdn_train.py``'s fla arm does)
+on the same inputs, so the two kernel tables can be read side by side.
 
     python benchmarks/profile_gdn.py --shapes 1x8192x16x1,4x8192x16x1 --segments 1024,0
 """
@@ -33,29 +36,51 @@ def make_inputs(B: int, T: int, H: int, docs: int, HV: int, D: int, device: str)
     return (q, k, v, g, beta), do, cu
 
 
+def _package_step(package: str):
+    pkg = __import__(package)
+    det = package == "gdn_det_train"
+    fwd = pkg.chunk_gdn_det_fwd if det else pkg.chunk_gdn_fwd
+    bwd = pkg.chunk_gdn_det_bwd if det else pkg.chunk_gdn_bwd
+
+    def make(ins, do, cu, seg):
+        def step():
+            _, _, saved = fwd(*ins, cu_seqlens=cu, segment_size=seg)
+            return bwd(saved, do)
+        return step
+    return make
+
+
+def _fla_step(ins, do, cu, seg):
+    from bench_gdn_train import load_arm  # this directory: the benchmark's fla arm
+
+    fn = load_arm("fla", torch.device("cuda")).fn
+    leaves = [x.detach().requires_grad_(True) for x in ins]
+
+    def step():
+        o, _ = fn(*leaves, cu_seqlens=cu)
+        return torch.autograd.grad(o, leaves, do)
+    return step
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="1x8192x16x1,4x8192x16x1,1x32768x16x1",
                    help="BxTxHxDOCS[xHV], comma separated")
     p.add_argument("--segments", default="1024,0", help="segment sizes (0: plain path)")
-    p.add_argument("--package", default="gdn_det_train", choices=["gdn_det_train", "gdn_train"])
+    p.add_argument("--package", default="gdn_det_train",
+                   choices=["gdn_det_train", "gdn_train", "fla"])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--rows", type=int, default=18)
     args = p.parse_args()
-    pkg = __import__(args.package)
-    det = args.package == "gdn_det_train"
-    fwd = pkg.chunk_gdn_det_fwd if det else pkg.chunk_gdn_fwd
-    bwd = pkg.chunk_gdn_det_bwd if det else pkg.chunk_gdn_bwd
+    make_step = _fla_step if args.package == "fla" else _package_step(args.package)
+    segments = [0] if args.package == "fla" else [int(s) for s in args.segments.split(",")]
     for spec in args.shapes.split(","):
         dims = [int(x) for x in spec.split("x")]
         B, T, H, docs = dims[:4]
         HV = dims[4] if len(dims) > 4 else H
         ins, do, cu = make_inputs(B, T, H, docs, HV, 128, "cuda")
-        for seg in (int(s) for s in args.segments.split(",")):
-            def step(ins=ins, do=do, cu=cu, seg=seg):
-                _, _, saved = fwd(*ins, cu_seqlens=cu, segment_size=seg)
-                return bwd(saved, do)
-
+        for seg in segments:
+            step = make_step(ins, do, cu, seg)
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
