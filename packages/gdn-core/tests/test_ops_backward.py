@@ -328,6 +328,38 @@ def test_fp32_dq_dk_for_the_l2norm_backward(group):
         assert (got.data_ptr() == part.data_ptr()) == (group == 1)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_group_one_rounds_dq_dk_in_their_kernels(dtype):
+    """One value head per q/k head: dq/dk come rounded straight out of the dQ/dK and WY
+    kernels — the bits of rounding the fp32 partials, no reduction launch, and no fp32
+    dq buffer in the workspace (one made without it is refused where it is needed)."""
+    lengths, H, group, K, V = [70, 0, 33], 2, 1, 32, 16
+    args, kw, index = _recompute_args(lengths, H, group, K, V, seed=21)
+    args = tuple(x if i == 4 else x.to(dtype) for i, x in enumerate(args))  # G stays fp32
+    kw["do"] = kw["do"].to(dtype)
+    with record_launches() as launches:
+        direct = backward_from_recompute(*args, **kw, deterministic=True)
+    names = [x.name.rsplit(".", 1)[-1] for x in launches]
+    assert "dqkwg_bwd" in names and "wy_bwd" in names and "group_reduce" not in names
+    partial = backward_from_recompute(*args, **kw, deterministic=True, dqk_dtype=torch.float32)
+    for got, part in zip(direct[:2], partial[:2]):
+        assert got.dtype == dtype and part.dtype == torch.float32
+        assert torch.equal(got, part.to(dtype))
+    for got, want in zip(direct[2:], partial[2:]):
+        assert torch.equal(got, want)
+
+    T, N = sum(lengths), index.num_docs
+    lean = BackwardWorkspace.for_shapes(T, H, H, K, V, index.num_chunks, N, dtype, DEVICE,
+                                        deterministic=True, dq_partials=False)
+    assert "dq_part" not in lean.storage
+    again = backward_from_recompute(*args, **kw, deterministic=True, workspace=lean)
+    for got, want in zip(again, direct):
+        assert torch.equal(got, want)
+    with pytest.raises(ValueError, match="dq_part"):
+        backward_from_recompute(*args, **kw, deterministic=True, workspace=lean,
+                                dqk_dtype=torch.float32)
+
+
 def _recompute_args(lengths, H, group, K, V, seed):
     offs = _offsets(lengths)
     bounds = _bounds(offs)

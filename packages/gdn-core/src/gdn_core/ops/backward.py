@@ -49,17 +49,21 @@ __all__ = [
     "gdn_backward_triton",
     "chunk_gdn_backward",
     "backward_from_recompute",
+    "uses_dq_partials",
 ]
 
 _FP32 = torch.float32
 
 
 def _buffer_specs(
-    T: int, HV: int, K: int, V: int, num_chunks: int, dtype: torch.dtype
+    T: int, HV: int, K: int, V: int, num_chunks: int, dtype: torch.dtype,
+    dq_partials: bool = True,
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Shape and dtype of every scratch buffer of a backward of this size."""
+    """Shape and dtype of every scratch buffer of a backward of this size
+    (``dq_partials=False``: without ``dq_part``, which a backward with one value
+    head per q/k head and outputs in the input dtype does not use)."""
     NK = dqkwg_num_k_blocks(K)
-    return {
+    specs = {
         "dv_local": ((T, HV, V), dtype),
         "dv": ((T, HV, V), dtype),
         "dh": ((num_chunks, HV, K, V), dtype),
@@ -68,6 +72,17 @@ def _buffer_specs(
         "dk_part": ((T, HV, K), _FP32),
         "dg_part": ((NK, T, HV), _FP32),
     }
+    if not dq_partials:
+        del specs["dq_part"]
+    return specs
+
+
+def uses_dq_partials(group: int, dqk_dtype: torch.dtype | None) -> bool:
+    """Whether a backward with ``group`` value heads per q/k head, returning ``dq``/``dk``
+    in ``dqk_dtype`` (``None``: the inputs' dtype), uses the workspace's fp32 ``dq``
+    partials: it does unless ``group == 1`` and the outputs are not the fp32 partials
+    themselves (then the kernels round ``dq``/``dk`` straight into their outputs)."""
+    return group != 1 or dqk_dtype == torch.float32
 
 
 def _numel(shape: tuple[int, ...]) -> int:
@@ -94,7 +109,10 @@ class BackwardWorkspace(TypedWorkspace):
     * ``dv_local [T,HV,V]`` and ``dv [T,HV,V]`` (the full ``dV'``) — input dtype;
     * ``dh [NT,HV,K,V]`` — ``dS`` of the state leaving each chunk, input dtype;
     * ``dw [T,HV,K]`` — input dtype;
-    * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials;
+    * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials (``dq_part``
+      only with ``dq_partials=True``, the default: a backward with one value head
+      per q/k head writes ``dq`` straight into its output unless it returns fp32
+      partials for the L2-norm backward);
     * ``dg_part [NK,T,HV]`` — fp32.
     """
 
@@ -127,11 +145,13 @@ class BackwardWorkspace(TypedWorkspace):
         device: torch.device | str,
         *,
         deterministic: bool | None = None,
+        dq_partials: bool = True,
     ) -> BackwardWorkspace:
         """A workspace for problems of up to ``T`` tokens, ``num_chunks`` chunks and
         ``num_docs`` documents. The mode is the class's (``DetBackwardWorkspace``,
         ``NonDetBackwardWorkspace``) or, on the base class, ``deterministic``
-        (default ``True``)."""
+        (default ``True``). ``dq_partials=False`` leaves out the fp32 ``dq``
+        partials (a backward that needs them then rejects the workspace)."""
         if cls.deterministic is not None:
             if deterministic is not None and bool(deterministic) != cls.deterministic:
                 raise ValueError(
@@ -148,7 +168,7 @@ class BackwardWorkspace(TypedWorkspace):
         if HV % H:
             raise ValueError(f"HV={HV} must be a multiple of H={H}")
         device = torch.device(device)
-        specs = _buffer_specs(T, HV, K, V, num_chunks, dtype)
+        specs = _buffer_specs(T, HV, K, V, num_chunks, dtype, dq_partials)
         storage = {
             name: torch.empty(_numel(shape), dtype=dt, device=device)
             for name, (shape, dt) in specs.items()
@@ -173,8 +193,10 @@ class BackwardWorkspace(TypedWorkspace):
         num_docs: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        dq_partials: bool = True,
     ) -> None:
-        """Raise ``ValueError`` unless this workspace serves the described backward."""
+        """Raise ``ValueError`` unless this workspace serves the described backward
+        (``dq_partials``: whether it needs the fp32 ``dq`` partials)."""
         if type(self).deterministic != bool(deterministic):
             raise ValueError(
                 f"workspace is a {type(self).__qualname__} ({self.mode}), but the backward "
@@ -185,7 +207,8 @@ class BackwardWorkspace(TypedWorkspace):
             {"tokens": T, "chunks": num_chunks, "docs": num_docs},
             {"H": H, "HV": HV, "K": K, "V": V, "dtype": dtype},
         )
-        for name, (shape, dt) in _buffer_specs(T, HV, K, V, num_chunks, dtype).items():
+        specs = _buffer_specs(T, HV, K, V, num_chunks, dtype, dq_partials)
+        for name, (shape, dt) in specs.items():
             buf = self.storage.get(name)
             if buf is None or buf.dtype != dt or buf.numel() < _numel(shape) or (
                 not buf.is_contiguous()
@@ -197,13 +220,13 @@ class BackwardWorkspace(TypedWorkspace):
                 )
 
     def views(
-        self, T: int, HV: int, K: int, V: int, num_chunks: int, dtype: torch.dtype
+        self, T: int, HV: int, K: int, V: int, num_chunks: int, dtype: torch.dtype,
+        dq_partials: bool = True,
     ) -> dict[str, torch.Tensor]:
         """The buffers viewed at the shapes of a backward of this size (after :meth:`check`)."""
-        return {
-            name: self.storage[name][: _numel(shape)].view(shape)
-            for name, (shape, _) in _buffer_specs(T, HV, K, V, num_chunks, dtype).items()
-        }
+        specs = _buffer_specs(T, HV, K, V, num_chunks, dtype, dq_partials)
+        return {name: self.storage[name][: _numel(shape)].view(shape)
+                for name, (shape, _) in specs.items()}
 
 
 class DetBackwardWorkspace(BackwardWorkspace):
@@ -251,7 +274,10 @@ def backward_from_recompute(
     ``dqk_dtype=torch.float32`` is for a caller that consumes ``dq``/``dk`` at once
     (the L2-norm backward): with one value head per q/k head they are then the
     workspace's fp32 partial buffers themselves (no copy), valid until the
-    workspace is used again.
+    workspace is used again. Otherwise, with one value head per q/k head, the dQ/dK
+    and WY-backward kernels round ``dq``/``dk`` straight into fresh outputs (the
+    same bits as summing the partials, without the fp32 ``dq`` buffer or the
+    reduction launches).
 
     ``dv_local``: stage 1's result when the caller already has it (the segment
     path computes it before its first reverse pass). ``num_docs``: the document
@@ -266,13 +292,20 @@ def backward_from_recompute(
         T=T, H=H, HV=HV, K=K, V=V, num_chunks=index.num_chunks,
         num_docs=index.num_docs if num_docs is None else num_docs, dtype=dtype, device=k.device,
     )
+    direct = not uses_dq_partials(group, dqk_dtype)  # dq/dk complete in their kernels
     if workspace is None:
-        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic)
+        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic,
+                                                 dq_partials=not direct)
     else:
         expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
         require_instance(workspace, expected, "workspace")
-        workspace.check(deterministic=deterministic, **shape_kw)
-    ws = workspace.views(T, HV, K, V, index.num_chunks, dtype)
+        workspace.check(deterministic=deterministic, dq_partials=not direct, **shape_kw)
+    ws = workspace.views(T, HV, K, V, index.num_chunks, dtype, dq_partials=not direct)
+    if direct:
+        dq_out = torch.empty(T, H, K, dtype=dqk_dtype or q.dtype, device=q.device)
+        dk_out = torch.empty(T, H, K, dtype=dqk_dtype or k.dtype, device=k.device)
+    else:
+        dq_out, dk_out = ws["dq_part"], None
 
     if dv_local is None:
         dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
@@ -281,16 +314,17 @@ def backward_from_recompute(
     )
     dq_part, dk_part, dw, dg_part = dqkwg_bwd(
         q, k, v_new, h, G, do, dh, dvp, scale, index, group,
-        dq=ws["dq_part"], dk=ws["dk_part"], dw=ws["dw"], dg=ws["dg_part"],
+        dq=dq_out, dk=ws["dk_part"], dw=ws["dw"], dg=ws["dg_part"],
     )
     # dh is spent once dQ/dK ran: its memory serves as the WY backward's scratch
     # when large enough (K·V ≥ 64·64), instead of a fresh allocation per call.
     C = index.chunk_size
     scratch = dh if dh.numel() >= index.num_chunks * HV * C * C else None
     dk_part, dv, dbeta, dg = wy_bwd(
-        k, v, beta, G, A_inv, dw, dvp, dk_part, dg_part, index, group, g_dtype, scratch=scratch
+        k, v, beta, G, A_inv, dw, dvp, dk_part, dg_part, index, group, g_dtype,
+        scratch=scratch, dk_out=dk_out,
     )
-    if group == 1 and dqk_dtype == torch.float32:  # the partials are the sums already
+    if group == 1:  # the partials are the sums already (rounded into outputs if direct)
         return dq_part, dk_part, dv, dg, dbeta, dh0
     dq = group_reduce(dq_part, group, dqk_dtype or q.dtype)
     dk = group_reduce(dk_part, group, dqk_dtype or k.dtype)

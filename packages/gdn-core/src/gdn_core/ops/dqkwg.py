@@ -34,9 +34,10 @@ pointers. ``dS`` is read once (``evict_first``); the fp32 partials are streamed
 out (``.cs``).
 
 ``dq``/``dk`` are per value head partials ``[T, HV, K]`` fp32 (summed over the
-group later, in a fixed order); ``dg`` partials ``[NK, T, HV]`` fp32 (summed by
-the WY-backward kernel in a fixed order); ``dw [T, HV, K]`` in the input dtype.
-No atomics.
+group later, in a fixed order; with one value head per q/k head ``dq`` is final
+and may be a buffer of q's dtype, rounded once here); ``dg`` partials
+``[NK, T, HV]`` fp32 (summed by the WY-backward kernel in a fixed order);
+``dw [T, HV, K]`` in the input dtype. No atomics.
 """
 
 from __future__ import annotations
@@ -142,7 +143,7 @@ def _dqkwg_kernel(
     b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
     b_dq = b_dq * (tl.exp(b_g) * scale)[:, None]
     b_dq = tl.dot(b_ds.to(dt), b_k, b_dq, input_precision=DOT_PREC)
-    tl.store(dq + off_hk, b_dq, mask=m_tk, cache_modifier=".cs")
+    tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk, cache_modifier=".cs")
     b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
     b_dg = tl.sum(b_q.to(tl.float32) * b_dq, axis=1)
 
@@ -214,7 +215,8 @@ def dqkwg_bwd(
     dg: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Returns ``(dq [T,HV,K] fp32, dk [T,HV,K] fp32, dw [T,HV,K] input dtype,
-    dg [NK,T,HV] fp32)``; the optional arguments supply the result buffers."""
+    dg [NK,T,HV] fp32)``; the optional arguments supply the result buffers (``dq``
+    may be of any float dtype: the kernel rounds into it)."""
     T, H, K = k.shape
     HV, V = do.shape[1], do.shape[2]
     cfg = dqkwg_config(K, V)

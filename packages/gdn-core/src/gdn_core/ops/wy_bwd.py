@@ -37,8 +37,9 @@ CTAs per SM, against 255 registers, 184 bytes of spills and 4552 instructions
 The kernel then adds the per-K-block dG partials of the dQ/dK stage (in a
 fixed order), takes the reverse within-chunk cumulative sum (``dg_t =
 Σ_{s ≥ t in chunk} dG_s``, a fixed-order scan) and writes ``dg``/``dbeta`` in
-their dtypes. ``dk`` partials ``[T,HV,K]`` fp32 are updated in place (each
-element by one program). No atomics. ``num_warps=4``: fla's WY-backward kernel
+their dtypes. ``dk`` partials ``[T,HV,K]`` fp32 are updated (each element by one
+program): in place, or into ``dk_out`` in k's dtype when the caller has the whole
+sum here (one value head per q/k head). No atomics. ``num_warps=4``: fla's WY-backward kernel
 was wrong at ``num_warps=4`` on Hopper/Triton 3.6; the previous kernel of this
 module (no transposed dot results either) was checked on the H200 at num_warps
 2, 4 and 8 with identical errors against the fp32 reference.
@@ -68,6 +69,7 @@ def _wy_bwd_kernel(
     dw,
     du,
     dk,
+    dk_out,
     dg_part,
     dv,
     dbeta,
@@ -101,6 +103,7 @@ def _wy_bwd_kernel(
     dv += start * (HV * V) + i_hv * V
     dw += start * (HV * K) + i_hv * K
     dk += start * (HV * K) + i_hv * K
+    dk_out += start * (HV * K) + i_hv * K
     A_inv += start * (HV * BT) + i_hv * BT
     beta += start * HV + i_hv
     G += start * HV + i_hv
@@ -177,7 +180,7 @@ def _wy_bwd_kernel(
         b_db += b_kc1
         b_dg += 2.0 * b_b * b_kc1 - tl.sum(b_acc * b_kf, axis=1)
         b_acc += tl.load(dk + off_tk, mask=m_tk, other=0.0)
-        tl.store(dk + off_tk, b_acc, mask=m_tk)
+        tl.store(dk_out + off_tk, b_acc.to(dk_out.dtype.element_ty), mask=m_tk)
 
     # dG partials of the dQ/dK stage, in a fixed order; then the reverse cumsum.
     p_s = (start + o_t) * HV + i_hv
@@ -217,14 +220,18 @@ def wy_bwd(
     g_dtype: torch.dtype,
     dv: torch.Tensor | None = None,
     scratch: torch.Tensor | None = None,
+    dk_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """WY backward + dG assembly.
 
     ``k: [T,H,K]``; ``v, du: [T,HV,V]``; ``beta: [T,HV]``; ``G: [T,HV]`` fp32;
     ``A_inv: [T,HV,C]``; ``dw: [T,HV,K]``; ``dk: [T,HV,K]`` fp32 partials, updated
-    in place; ``dg_part: [NK,T,HV]`` fp32 (the dQ/dK stage's dG partials).
+    in place, or — given ``dk_out`` (``[T,HV,K]``, any float dtype, e.g. k's when
+    ``group == 1`` makes the partial the final ``dk``) — left as they are while
+    ``dk_out`` receives the sums; ``dg_part: [NK,T,HV]`` fp32 (the dQ/dK stage's
+    dG partials).
 
-    Returns ``(dk, dv [T,HV,V] in v's dtype, dbeta [T,HV] in beta's dtype,
+    Returns ``(dk_out or dk, dv [T,HV,V] in v's dtype, dbeta [T,HV] in beta's dtype,
     dg [T,HV] in g_dtype)``. The kernel needs ``NT·HV·C·C`` elements of scratch in
     k's dtype (the transposes of ``E'``, one 64×64 tile per program, written before
     they are read): ``scratch`` lends them (any contiguous tensor of k's dtype and
@@ -242,8 +249,13 @@ def wy_bwd(
     dbeta = torch.empty(T, HV, dtype=beta.dtype, device=dev)
     dg = torch.empty(T, HV, dtype=g_dtype, device=dev)
     NT = index.num_chunks
+    if dk_out is None:
+        dk_out = dk
+    elif tuple(dk_out.shape) != tuple(dk.shape) or not dk_out.is_contiguous():
+        raise ValueError(f"dk_out must be a contiguous {tuple(dk.shape)} tensor, got "
+                         f"{tuple(dk_out.shape)} (contiguous={dk_out.is_contiguous()})")
     if NT == 0:
-        return dk, dv, dbeta, dg
+        return dk_out, dv, dbeta, dg
     cfg = wy_bwd_config(K, V)
     C = index.chunk_size
     if scratch is None:
@@ -257,10 +269,10 @@ def wy_bwd(
                 f"{scratch.numel()} (contiguous={scratch.is_contiguous()})")
         e_buf = scratch.view(-1)[: NT * HV * C * C]
     _wy_bwd_kernel[(NT, HV)](
-        k, v, beta, G, A_inv, dw, du, dk, dg_part, dv, dbeta, dg, e_buf,
+        k, v, beta, G, A_inv, dw, du, dk, dk_out, dg_part, dv, dbeta, dg, e_buf,
         index.chunk_start, index.chunk_len, T,
         H=H, HV=HV, K=K, V=V, GROUP=group, NKG=dg_part.shape[0], BT=index.chunk_size,
         BK=cfg["BK"], BV=cfg["BV"], DOT_PREC=dot_precision(k.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
     )
-    return dk, dv, dbeta, dg
+    return dk_out, dv, dbeta, dg
