@@ -663,6 +663,7 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
             st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
             output_final_state=output_final_state, store_states=True,
         )
+        st.W = st.U = None  # spent before the output kernel allocates o
         o = chunk_output_fwd(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
         o = o.reshape(s.B, s.T, s.HV, s.V)
         saved = GDNSaved(

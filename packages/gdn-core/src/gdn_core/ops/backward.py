@@ -388,6 +388,7 @@ def chunk_gdn_backward(
         k, W, U, G, index, group, initial_state=initial_state, output_final_state=False,
         store_states=True,
     )
+    del U  # spent: v_new holds what the backward needs of it ([T,HV,V] less at the peak)
     l2 = q_rstd is not None or k_rstd is not None
     dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
         q, k, v, beta, G, A_inv, W, h, v_new, scale=scale, index=index, do=do, dht=dht,

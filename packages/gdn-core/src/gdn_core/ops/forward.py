@@ -88,10 +88,11 @@ def gdn_forward_triton(
         q_used, k_used, q_rstd, k_rstd = q, k, None, None
     G = chunk_cumsum_fwd(g, index)
     A_inv, W, U = wy_fwd(k_used, v, beta, G, index, group)
+    A_inv = inverse_for_backward(A_inv, k_used, v)  # the fp32 inverse is freed here
     h, v_new, final = chunk_state_fwd(
         k_used, W, U, G, index, group, initial_state=initial_state,
         output_final_state=output_final_state, store_states=True,
     )
+    del W, U  # spent before the output kernel allocates o (a lower forward peak)
     o = chunk_output_fwd(q_used, k_used, v_new, h, G, scale, index, group)
-    return ForwardTensors(o, final, G, q_used, k_used, q_rstd, k_rstd,
-                          inverse_for_backward(A_inv, k_used, v))
+    return ForwardTensors(o, final, G, q_used, k_used, q_rstd, k_rstd, A_inv)
