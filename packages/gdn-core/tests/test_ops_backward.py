@@ -15,6 +15,7 @@ from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
 from gdn_core.ops.backward import (
     BackwardWorkspace,
     DetBackwardWorkspace,
+    Recomputed,
     backward_from_recompute,
 )
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
@@ -29,6 +30,11 @@ C = CHUNK_SIZE
 
 
 # --------------------------------------------------------------------- helpers
+
+
+def _from_recompute(q, k, v, beta, G, A_inv, W, h, v_new, **kw):
+    """backward_from_recompute on tensors the test keeps (a fresh Recomputed per call)."""
+    return backward_from_recompute(q, k, v, beta, G, A_inv, Recomputed(W, h, v_new), **kw)
 
 
 def _offsets(lengths):
@@ -297,7 +303,7 @@ def test_backward_from_reference_recompute(lengths, H, group, K, V, with_h0, wit
     G = ref.chunk_cumsum_ref(g, bounds)
     A_inv, W, U = ref.wy_ref(_expand(k, group), v, beta, G, bounds)
     h, v_new, _ = ref.chunk_states_ref(_expand(k, group), W, U, G, bounds, h0)
-    got = backward_from_recompute(
+    got = _from_recompute(
         q, k, v, beta, G, A_inv, W, h, v_new, scale=scale, index=index, do=do, dht=dht,
         g_dtype=g.dtype, deterministic=True,
     )
@@ -319,9 +325,9 @@ def test_fp32_dq_dk_for_the_l2norm_backward(group):
     ws = BackwardWorkspace.for_shapes(T=T, H=2, HV=HV, K=16, V=16, num_chunks=index.num_chunks,
                                       num_docs=index.num_docs, dtype=torch.float32,
                                       device=torch.device(DEVICE), deterministic=True)
-    fp32 = backward_from_recompute(*args, **kw, deterministic=True, workspace=ws,
+    fp32 = _from_recompute(*args, **kw, deterministic=True, workspace=ws,
                                    dqk_dtype=torch.float32)
-    plain = backward_from_recompute(*args, **kw, deterministic=True)  # q's dtype: fp32 too
+    plain = _from_recompute(*args, **kw, deterministic=True)  # q's dtype: fp32 too
     views = ws.views(T, HV, 16, 16, index.num_chunks, torch.float32)
     for got, want, part in zip(fp32[:2], plain[:2], (views["dq_part"], views["dk_part"])):
         assert got.dtype == torch.float32 and torch.equal(got, want)
@@ -338,10 +344,10 @@ def test_group_one_rounds_dq_dk_in_their_kernels(dtype):
     args = tuple(x if i == 4 else x.to(dtype) for i, x in enumerate(args))  # G stays fp32
     kw["do"] = kw["do"].to(dtype)
     with record_launches() as launches:
-        direct = backward_from_recompute(*args, **kw, deterministic=True)
+        direct = _from_recompute(*args, **kw, deterministic=True)
     names = [x.name.rsplit(".", 1)[-1] for x in launches]
     assert "dqkwg_bwd" in names and "wy_bwd" in names and "group_reduce" not in names
-    partial = backward_from_recompute(*args, **kw, deterministic=True, dqk_dtype=torch.float32)
+    partial = _from_recompute(*args, **kw, deterministic=True, dqk_dtype=torch.float32)
     for got, part in zip(direct[:2], partial[:2]):
         assert got.dtype == dtype and part.dtype == torch.float32
         assert torch.equal(got, part.to(dtype))
@@ -352,12 +358,23 @@ def test_group_one_rounds_dq_dk_in_their_kernels(dtype):
     lean = BackwardWorkspace.for_shapes(T, H, H, K, V, index.num_chunks, N, dtype, DEVICE,
                                         deterministic=True, dq_partials=False)
     assert "dq_part" not in lean.storage
-    again = backward_from_recompute(*args, **kw, deterministic=True, workspace=lean)
+    again = _from_recompute(*args, **kw, deterministic=True, workspace=lean)
     for got, want in zip(again, direct):
         assert torch.equal(got, want)
     with pytest.raises(ValueError, match="dq_part"):
-        backward_from_recompute(*args, **kw, deterministic=True, workspace=lean,
-                                dqk_dtype=torch.float32)
+        _from_recompute(*args, **kw, deterministic=True, workspace=lean,
+                        dqk_dtype=torch.float32)
+
+
+def test_backward_drops_the_recomputed_tensors_once_spent():
+    """W, h and v_new leave the Recomputed as their last readers run (their memory is
+    then free before the WY backward allocates), and the result does not change."""
+    args, kw, _ = _recompute_args([70, 0, 33], 2, 1, 32, 16, seed=22)
+    rec = Recomputed(*args[6:9])
+    got = backward_from_recompute(*args[:6], rec, **kw, deterministic=True)
+    assert rec.W is None and rec.h is None and rec.v_new is None
+    for a, b in zip(got, _from_recompute(*args, **kw, deterministic=True)):
+        assert torch.equal(a, b)
 
 
 def _recompute_args(lengths, H, group, K, V, seed):
@@ -378,7 +395,7 @@ def test_workspace_validation_and_determinism():
     lengths, H, group, K, V = [70, 0, 33], 1, 2, 16, 16
     args, kw, index = _recompute_args(lengths, H, group, K, V, seed=10)
     T, HV, NT, N = sum(lengths), H * group, index.num_chunks, index.num_docs
-    run = backward_from_recompute
+    run = _from_recompute
 
     # a workspace sized for a larger problem serves this one, bitwise like none at all
     ws = BackwardWorkspace.for_shapes(T + 50, H, HV, K, V, NT + 2, N + 1, torch.float32,
@@ -426,7 +443,7 @@ def test_all_documents_empty():
     args, kw, index = _recompute_args(lengths, H, group, K, V, seed=20)
     dht = torch.randn(2, H * group, K, V, generator=torch.Generator().manual_seed(21))
     kw["dht"] = dht.to(DEVICE)
-    dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(*args, **kw, deterministic=True)
+    dq, dk, dv, dg, dbeta, dh0 = _from_recompute(*args, **kw, deterministic=True)
     assert dq.shape == (0, H, K) and dv.shape == (0, H * group, V) and dg.shape == (0, 2)
     assert torch.equal(dh0, kw["dht"])
 

@@ -890,11 +890,13 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
     if saved.backend == "reference":
         dq, dk, dv, dg, dbeta, dh0 = _reference_grads(saved, bst.do, D, init)
     else:
-        from gdn_core.ops.backward import backward_from_recompute
+        from gdn_core.ops.backward import Recomputed, backward_from_recompute
 
         l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None
+        rec = Recomputed(bst.W, bst.h, bst.v_new)
+        bst.W = bst.h = bst.v_new = None  # the backward frees them as it spends them
         dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
-            saved.q, saved.k, saved.v, saved.beta, saved.G, bst.A_inv, bst.W, bst.h, bst.v_new,
+            saved.q, saved.k, saved.v, saved.beta, saved.G, bst.A_inv, rec,
             scale=saved.scale, index=saved.index, do=bst.do_flat, dht=D,
             g_dtype=saved.g.dtype, deterministic=bst.deterministic, workspace=bst.workspace,
             dqk_dtype=torch.float32 if l2 else None, dv_local=bst.dv_local,

@@ -30,6 +30,7 @@ types the workspace.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ __all__ = [
     "BackwardWorkspace",
     "DetBackwardWorkspace",
     "NonDetBackwardWorkspace",
+    "Recomputed",
     "gdn_backward_triton",
     "chunk_gdn_backward",
     "backward_from_recompute",
@@ -65,7 +67,6 @@ def _buffer_specs(
     NK = dqkwg_num_k_blocks(K)
     specs = {
         "dv_local": ((T, HV, V), dtype),
-        "dv": ((T, HV, V), dtype),
         "dh": ((num_chunks, HV, K, V), dtype),
         "dw": ((T, HV, K), dtype),
         "dq_part": ((T, HV, K), _FP32),
@@ -106,7 +107,8 @@ class BackwardWorkspace(TypedWorkspace):
     Buffers (flat fp32 / input-dtype storage, viewed per call; ``NT`` chunks,
     ``NK`` K blocks of the dQ/dK stage):
 
-    * ``dv_local [T,HV,V]`` and ``dv [T,HV,V]`` (the full ``dV'``) — input dtype;
+    * ``dv_local [T,HV,V]`` — input dtype; the state backward turns it into the full
+      ``dV'`` in place;
     * ``dh [NT,HV,K,V]`` — ``dS`` of the state leaving each chunk, input dtype;
     * ``dw [T,HV,K]`` — input dtype;
     * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials (``dq_part``
@@ -241,6 +243,19 @@ class NonDetBackwardWorkspace(BackwardWorkspace):
     deterministic = False
 
 
+@dataclass
+class Recomputed:
+    """What a backward rebuilt of the forward: ``W [T,HV,K]``, ``h [NT,HV,K,V]``,
+    ``v_new [T,HV,V]``. :func:`backward_from_recompute` drops each field (sets it to
+    ``None``) once its last reader has run — ``W`` after the state backward, ``h``
+    and ``v_new`` after dQ/dK — so that, held nowhere else, their memory is free
+    again before the WY backward allocates its outputs (the backward's peak)."""
+
+    W: torch.Tensor | None
+    h: torch.Tensor | None
+    v_new: torch.Tensor | None
+
+
 def backward_from_recompute(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -248,9 +263,7 @@ def backward_from_recompute(
     beta: torch.Tensor,
     G: torch.Tensor,
     A_inv: torch.Tensor,
-    W: torch.Tensor,
-    h: torch.Tensor,
-    v_new: torch.Tensor,
+    rec: Recomputed,
     *,
     scale: float,
     index: ChunkIndex,
@@ -266,11 +279,12 @@ def backward_from_recompute(
     """Stages 1–5 given the forward's intermediates.
 
     ``q, k: [T,H,K]`` (the tensors the recurrence used); ``v: [T,HV,V]``;
-    ``beta: [T,HV]``; ``G: [T,HV]`` fp32; ``A_inv: [T,HV,C]``; ``W: [T,HV,K]``;
-    ``h: [NT,HV,K,V]``; ``v_new: [T,HV,V]``; ``do: [T,HV,V]``; ``dht: [N,HV,K,V]``
-    or ``None``. Returns ``(dq [T,H,K], dk [T,H,K], dv, dg, dbeta, dh0 [N,HV,K,V] fp32)``
-    w.r.t. the tensors the recurrence used (before any L2-norm backward); ``dq``/``dk``
-    in ``dqk_dtype`` (default: q's dtype), the rest in their inputs' dtypes.
+    ``beta: [T,HV]``; ``G: [T,HV]`` fp32; ``A_inv: [T,HV,C]``; ``rec``: ``W``,
+    ``h``, ``v_new`` (:class:`Recomputed`, emptied as they are spent);
+    ``do: [T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None``. Returns ``(dq [T,H,K],
+    dk [T,H,K], dv, dg, dbeta, dh0 [N,HV,K,V] fp32)`` w.r.t. the tensors the
+    recurrence used (before any L2-norm backward); ``dq``/``dk`` in ``dqk_dtype``
+    (default: q's dtype), the rest in their inputs' dtypes.
     ``dqk_dtype=torch.float32`` is for a caller that consumes ``dq``/``dk`` at once
     (the L2-norm backward): with one value head per q/k head they are then the
     workspace's fp32 partial buffers themselves (no copy), valid until the
@@ -301,21 +315,23 @@ def backward_from_recompute(
         require_instance(workspace, expected, "workspace")
         workspace.check(deterministic=deterministic, dq_partials=not direct, **shape_kw)
     ws = workspace.views(T, HV, K, V, index.num_chunks, dtype, dq_partials=not direct)
-    if direct:
-        dq_out = torch.empty(T, H, K, dtype=dqk_dtype or q.dtype, device=q.device)
-        dk_out = torch.empty(T, H, K, dtype=dqk_dtype or k.dtype, device=k.device)
-    else:
-        dq_out, dk_out = ws["dq_part"], None
 
     if dv_local is None:
         dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
     dh, dvp, dh0 = chunk_state_bwd(
-        q, k, W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=ws["dv"]
-    )
+        q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local
+    )  # dV' over dv_local: each element is rewritten by the program that read it
+    rec.W = None
+    # Outputs are allocated as late as possible, each once the tensors spent
+    # before it are free (so the backward's peak holds only one of W | h, v_new).
+    dq_out = (torch.empty(T, H, K, dtype=dqk_dtype or q.dtype, device=q.device) if direct
+              else ws["dq_part"])
     dq_part, dk_part, dw, dg_part = dqkwg_bwd(
-        q, k, v_new, h, G, do, dh, dvp, scale, index, group,
+        q, k, rec.v_new, rec.h, G, do, dh, dvp, scale, index, group,
         dq=dq_out, dk=ws["dk_part"], dw=ws["dw"], dg=ws["dg_part"],
     )
+    rec.h = rec.v_new = None
+    dk_out = torch.empty(T, H, K, dtype=dqk_dtype or k.dtype, device=k.device) if direct else None
     # dh is spent once dQ/dK ran: its memory serves as the WY backward's scratch
     # when large enough (K·V ≥ 64·64), instead of a fresh allocation per call.
     C = index.chunk_size
@@ -384,14 +400,16 @@ def chunk_gdn_backward(
         A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
     else:
         W, U = wy_apply(k, v, beta, G, A_inv, index, group)
-    h, v_new, _ = chunk_state_fwd(
-        k, W, U, G, index, group, initial_state=initial_state, output_final_state=False,
+    rec = Recomputed(W, None, None)
+    del W  # the backward frees W, h and v_new as it spends them: no other reference
+    rec.h, rec.v_new, _ = chunk_state_fwd(
+        k, rec.W, U, G, index, group, initial_state=initial_state, output_final_state=False,
         store_states=True,
     )
-    del U  # spent: v_new holds what the backward needs of it ([T,HV,V] less at the peak)
+    del U  # spent: v_new holds what the backward needs of it
     l2 = q_rstd is not None or k_rstd is not None
     dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
-        q, k, v, beta, G, A_inv, W, h, v_new, scale=scale, index=index, do=do, dht=dht,
+        q, k, v, beta, G, A_inv, rec, scale=scale, index=index, do=do, dht=dht,
         g_dtype=g.dtype, deterministic=deterministic, workspace=workspace,
         dqk_dtype=torch.float32 if l2 else None,
     )

@@ -181,7 +181,9 @@ def chunk_state_bwd(
     """Reverse state recurrence. Returns ``(dh [NT,HV,K,V], dv [T,HV,V], dh0 [N,HV,K,V] fp32)``.
 
     ``q, k: [T,H,K]``; ``W: [T,HV,K]``; ``G: [T,HV]`` fp32; ``do, dv_local: [T,HV,V]``;
-    ``dht: [N,HV,K,V]`` or ``None``. ``dh``/``dv`` may supply the result buffers.
+    ``dht: [N,HV,K,V]`` or ``None``. ``dh``/``dv`` may supply the result buffers;
+    ``dv`` may be ``dv_local`` itself (each element of ``dV'`` is stored by the
+    program that loaded its ``dv_local``, after loading it).
     ``store=False``: only ``dh0`` (``dh``/``dv`` are returned as ``None``).
     ``need``: optional int32 ``[N]``; documents with ``need == 0`` are skipped
     (their ``dh0`` rows are left unwritten).

@@ -1,0 +1,94 @@
+"""Peak live tensor memory of one forward+backward, measured on CPU (no GPU needed).
+
+Every tensor an aten op creates is tracked through a ``TorchDispatchMode`` until
+it is freed; the peak of the live bytes, in units of one ``[T, HV, D]`` 16-bit
+tensor, shows which buffers a change added or removed before the H200 measures
+the real ``torch.cuda.max_memory_allocated`` (``bench_gdn_train.py``). The
+kernels run under Triton's interpreter.
+
+    python benchmarks/memory_peak_cpu.py --package gdn_train --segment-size 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import weakref
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+
+class LiveBytes(TorchDispatchMode):
+    """Tracks the storages of tensors created inside the mode: ``current`` and ``peak`` bytes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key, n = storage.data_ptr(), storage.nbytes()
+        if n == 0 or key in self.live:
+            return
+        self.live[key] = n
+        self.current += n
+        self.peak = max(self.peak, self.current)
+
+        def free(key: int = key, n: int = n) -> None:
+            if self.live.pop(key, None) is not None:
+                self.current -= n
+
+        weakref.finalize(t, free)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+        inputs = {x.untyped_storage().data_ptr() for x in flat if isinstance(x, torch.Tensor)}
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            # a new storage only: views and aliases of an argument share its storage
+            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
+                self._track(o)
+        return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--package", default="gdn_train", choices=["gdn_train", "gdn_det_train"])
+    p.add_argument("--tokens", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--segment-size", type=int, default=None)
+    args = p.parse_args()
+    pkg = __import__(args.package)
+    det = args.package == "gdn_det_train"
+    fwd = pkg.chunk_gdn_det_fwd if det else pkg.chunk_gdn_fwd
+    bwd = pkg.chunk_gdn_det_bwd if det else pkg.chunk_gdn_bwd
+    T, H, D = args.tokens, args.heads, args.dim
+    gen = torch.Generator().manual_seed(0)
+    half = torch.float16  # the interpreter's dots are exact in fp16, not in bf16
+    q = torch.randn(1, T, H, D, generator=gen).to(half)
+    k = torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1).to(half)
+    v = torch.randn(1, T, H, D, generator=gen).to(half)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen))
+    beta = torch.rand(1, T, H, generator=gen).to(half)
+    do = torch.randn(1, T, H, D, generator=gen).to(half)
+    kw = {} if args.segment_size is None else {"segment_size": args.segment_size}
+    with LiveBytes() as live:
+        o, _, saved = fwd(q, k, v, g, beta, **kw)  # o stays alive, as in training
+        fwd_peak = live.peak
+        grads = bwd(saved, do)
+        del o, grads
+    unit = T * H * D * 2
+    print(f"{args.package} T{T} H{H} D{D} {kw or '(default path)'}: peak live memory "
+          f"forward {fwd_peak / unit:.2f}, forward+backward {live.peak / unit:.2f} "
+          f"(units of one [T, HV, D] 16-bit tensor)")
+
+
+if __name__ == "__main__":
+    main()
