@@ -6,8 +6,8 @@
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
 # .whl/ must hold fla-core's wheel (python3 -m pip download --no-deps
-# fla-core==0.6.0 -d .whl). STAGES picks the parts ("sanitize tests shapes bench kcp
-# nccl", "split"); "sanitize" runs compute-sanitizer on the two shapes that hit
+# fla-core==0.6.0 -d .whl). STAGES picks the parts ("sanitize tests shapes bench
+# variants kcp nccl", "split"); "variants" times benchmarks/kernel_variants.py; "sanitize" runs compute-sanitizer on the two shapes that hit
 # an illegal address on 2026-11-30 (it names the faulting kernel);
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
 #
@@ -129,6 +129,12 @@ run_nccl() {  # issue 6: real ranks over NCCL, one per GPU (needs >= 2 GPUs); th
   echo "kcp nccl world $NGPU exit $?"; grep -A5 -i slowest "$OUT/kcp_nccl_w$NGPU.md"
 }
 
+run_variants() {  # launch-config variants of the state / WY-backward kernels, timed alone
+  CUDA_VISIBLE_DEVICES=${TEST_GPU:-0} timeout "${VARIANTS_TIMEOUT:-300}" \
+    python3 benchmarks/kernel_variants.py > "$OUT/kernel_variants.txt" 2>&1
+  echo "kernel variants exit $?"; grep -E "pinned|x\)" "$OUT/kernel_variants.txt" | head -60
+}
+
 run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 kernel timings, profile, half a
   local C=$((NCPU * 3 / 4))
   (
@@ -158,6 +164,7 @@ if [[ $STAGES == *tests* ]]; then run_tests; fi
 if [[ $STAGES == *sanitize* ]]; then run_sanitize; fi
 if [[ $STAGES == *shapes* ]]; then run_cpu_shapes; fi
 if [[ $STAGES == *bench* ]]; then run_bench; fi
+if [[ $STAGES == *variants* ]]; then run_variants; fi
 if [[ $STAGES == *kcp* ]]; then run_kcp; fi
 if [[ $STAGES == *nccl* ]]; then run_nccl; fi
 exit 0

@@ -1,0 +1,157 @@
+"""Launch-configuration variants of the state and WY-backward kernels, timed (GPU only).
+
+The per-kernel profile against fla (``results/2026-11-30-h200-s4-profile-vs-fla-D8.md``)
+puts our state forward (0.32 vs 0.21 ms a call) and WY backward (0.71 vs 0.53 ms)
+behind fla's. This script times each kernel's launcher under patched pinned
+configurations — the module's ``*_config`` function replaced for the call, so the
+launcher, masks and arguments are the production ones — against the pinned
+configuration, on bf16 B1 T32768 H16 K=V=128 with 1 and 8 documents (CUDA-event
+medians of 20 after 3 warm-ups), and reports each variant's largest difference
+from the pinned result (Triton 3.6 gets some narrow blocks wrong on Hopper:
+``gdn_core.ops.tiles``; a variant is only a candidate if it agrees).
+
+    python benchmarks/kernel_variants.py [--kernels state_fwd,state_bwd,wy_bwd]
+
+``--check`` runs every variant once, untimed, on a small problem: with
+``TRITON_INTERPRET=1 ... --check --device cpu`` it checks the plumbing without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+from collections.abc import Callable, Iterator
+
+import torch
+
+H, D = 16, 128
+
+
+def _median_ms(fn: Callable[[], object], iters: int = 20) -> float:
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
+    times = []
+    for _ in range(iters):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+@contextlib.contextmanager
+def _patched(module, name: str, overrides: dict) -> Iterator[None]:
+    """``module.<name>`` returns the pinned configuration updated with ``overrides``."""
+    pinned = getattr(module, name)
+    setattr(module, name, lambda *a, **kw: {**pinned(*a, **kw), **overrides})
+    try:
+        yield
+    finally:
+        setattr(module, name, pinned)
+
+
+def _problem(T: int, docs: int, device: str) -> dict:
+    """Inputs and the forward/backward intermediates each timed kernel reads."""
+    from gdn_core.chunking import ChunkIndex
+    from gdn_core.ops.chunk_state import chunk_state_fwd
+    from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
+    from gdn_core.ops.cumsum import chunk_cumsum_fwd
+    from gdn_core.ops.dqkwg import dqkwg_bwd
+    from gdn_core.ops.dv_local import dv_local_bwd
+    from gdn_core.ops.wy import inverse_for_backward, wy_fwd
+
+    gen = torch.Generator().manual_seed(0)
+    half = torch.bfloat16 if device == "cuda" else torch.float16  # interpreter: no bf16 dots
+    q = torch.randn(T, H, D, generator=gen).to(device, half)
+    k = torch.nn.functional.normalize(torch.randn(T, H, D, generator=gen), dim=-1)
+    k = k.to(device, half)
+    v = torch.randn(T, H, D, generator=gen).to(device, half)
+    g = torch.nn.functional.logsigmoid(torch.randn(T, H, generator=gen)).to(device)
+    beta = torch.rand(T, H, generator=gen).to(device, half)
+    do = torch.randn(T, H, D, generator=gen).to(device, half)
+    offsets = torch.linspace(0, T, docs + 1).long().tolist()
+    index = ChunkIndex.build(offsets, device)
+    G = chunk_cumsum_fwd(g, index)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)
+    A_inv = inverse_for_backward(A_inv, k, v)
+    h, v_new, _ = chunk_state_fwd(k, W, U, G, index, 1)
+    scale = D**-0.5
+    dvl = dv_local_bwd(q, k, G, do, scale, index, 1)
+    dh, dvp, _ = chunk_state_bwd(q, k, W, G, do, dvl, None, scale, index, 1)
+    _, dk_part, dw, dg_part = dqkwg_bwd(q, k, v_new, h, G, do, dh, dvp, scale, index, 1)
+    return dict(q=q, k=k, v=v, beta=beta, G=G, W=W, U=U, A_inv=A_inv, do=do, dvl=dvl,
+                dvp=dvp, dw=dw, dk_part=dk_part, dk_out=torch.empty_like(dk_part),
+                dg_part=dg_part, index=index, scale=scale, g_dtype=g.dtype)
+
+
+def _kernels(p: dict) -> dict:
+    """name -> (config module, config function name, call, variants)."""
+    from gdn_core.ops import chunk_state, chunk_state_bwd, wy_bwd
+
+    def state_fwd():
+        return chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)[0]
+
+    def state_bwd():
+        return chunk_state_bwd.chunk_state_bwd(p["q"], p["k"], p["W"], p["G"], p["do"], p["dvl"],
+                                               None, p["scale"], p["index"], 1)[0]
+
+    def wy_backward():  # dk_out: the fp32 partials stay as they are, call after call
+        return wy_bwd.wy_bwd(p["k"], p["v"], p["beta"], p["G"], p["A_inv"], p["dw"], p["dvp"],
+                             p["dk_part"], p["dg_part"], p["index"], 1, p["g_dtype"],
+                             dk_out=p["dk_out"])[0]
+
+    grid = itertools.product
+    return {
+        "state_fwd": (chunk_state, "chunk_state_config", state_fwd,
+                      [dict(BV=bv, num_warps=w, num_stages=s)
+                       for bv, w, s in grid((32, 64), (4, 8), (2, 3))]),
+        "state_bwd": (chunk_state_bwd, "chunk_state_bwd_config", state_bwd,
+                      [dict(BV=bv, num_warps=w, num_stages=s)
+                       for bv, w, s in grid((32, 64), (4, 8), (1, 2, 3))]),
+        "wy_bwd": (wy_bwd, "wy_bwd_config", wy_backward,
+                   [dict(BK=b, BV=b, num_warps=w, maxnreg=r)
+                    for b, w, r in grid((32, 64), (4, 8), (168, None))]),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--kernels", default="state_fwd,state_bwd,wy_bwd")
+    parser.add_argument("--docs", default="1,8", help="document counts, comma separated")
+    parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--check", action="store_true", help="run each variant once, untimed")
+    args = parser.parse_args()
+    T = args.tokens
+
+    def timed(fn) -> float:
+        return float("nan") if args.check else _median_ms(fn)
+
+    for docs in (int(x) for x in args.docs.split(",")):
+        p = _problem(T, docs, args.device)
+        for name, (module, cfg_name, call, variants) in _kernels(p).items():
+            if name not in args.kernels.split(","):
+                continue
+            pinned_out = call().float()
+            pinned_ms = timed(call)
+            print(f"\n{name}  B1 T{T} H{H} D{D} docs={docs}  pinned "
+                  f"{getattr(module, cfg_name)(D, D)}: {pinned_ms:.3f} ms", flush=True)
+            # (nan ms under --check)
+            for over in variants:
+                try:
+                    with _patched(module, cfg_name, over):
+                        out = call().float()
+                        ms = timed(call)
+                    diff = (out - pinned_out).abs().max().item()
+                    speed = "ran" if args.check else f"{ms:.3f} ms ({pinned_ms / ms:.2f}x)"
+                    print(f"  {over}: {speed}, max |diff| vs pinned {diff:.2e}", flush=True)
+                except Exception as exc:  # noqa: BLE001 - a variant that fails is reported
+                    print(f"  {over}: FAILED {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
