@@ -7,8 +7,9 @@
 #
 # .whl/ must hold fla-core's wheel (python3 -m pip download --no-deps
 # fla-core==0.6.0 -d .whl). STAGES picks the parts ("sanitize tests shapes bench
-# variants kcp nccl", "split"); "variants" times benchmarks/kernel_variants.py; "sanitize" runs compute-sanitizer on the two shapes that hit
-# an illegal address on 2026-11-30 (it names the faulting kernel);
+# variants kcp nccl", "split"); "variants" times benchmarks/kernel_variants.py;
+# "sanitize" runs compute-sanitizer on the two shapes that hit an illegal address
+# on 2026-11-30 (it names the faulting kernel);
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
 #
 # A device command may run 10 minutes. The gpu tests are compile-bound (one
