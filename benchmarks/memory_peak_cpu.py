@@ -1,10 +1,10 @@
 """Peak live tensor memory of one forward+backward, measured on CPU (no GPU needed).
 
-Every tensor an aten op creates is tracked through a ``TorchDispatchMode`` until
-it is freed; the peak of the live bytes, in units of one ``[T, HV, D]`` 16-bit
-tensor, shows which buffers a change added or removed before the H200 measures
-the real ``torch.cuda.max_memory_allocated`` (``bench_gdn_train.py``). The
-kernels run under Triton's interpreter.
+Every tensor an aten op creates is tracked through a ``TorchDispatchMode``
+(``gdn_core.testkit.LiveBytes``) until it is freed; the peak of the live bytes,
+in units of one ``[T, HV, D]`` 16-bit tensor, shows which buffers a change added
+or removed before the H200 measures the real ``torch.cuda.max_memory_allocated``
+(``bench_gdn_train.py``). The kernels run under Triton's interpreter.
 
     python benchmarks/memory_peak_cpu.py --package gdn_train --segment-size 0
 """
@@ -13,48 +13,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import weakref
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-
-class LiveBytes(TorchDispatchMode):
-    """Tracks the storages of tensors created inside the mode: ``current`` and ``peak`` bytes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.live: dict[int, int] = {}
-        self.current = 0
-        self.peak = 0
-
-    def _track(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        key, n = storage.data_ptr(), storage.nbytes()
-        if n == 0 or key in self.live:
-            return
-        self.live[key] = n
-        self.current += n
-        self.peak = max(self.peak, self.current)
-
-        def free(key: int = key, n: int = n) -> None:
-            if self.live.pop(key, None) is not None:
-                self.current -= n
-
-        weakref.finalize(t, free)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
-        inputs = {x.untyped_storage().data_ptr() for x in flat if isinstance(x, torch.Tensor)}
-        for o in out if isinstance(out, (tuple, list)) else (out,):
-            # a new storage only: views and aliases of an argument share its storage
-            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
-                self._track(o)
-        return out
 
 
 def main() -> None:
@@ -65,6 +27,8 @@ def main() -> None:
     p.add_argument("--dim", type=int, default=64)
     p.add_argument("--segment-size", type=int, default=None)
     args = p.parse_args()
+    from gdn_core.testkit import LiveBytes
+
     pkg = __import__(args.package)
     det = args.package == "gdn_det_train"
     fwd = pkg.chunk_gdn_det_fwd if det else pkg.chunk_gdn_fwd

@@ -13,16 +13,19 @@ import json
 import os
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from gdn_core.reference import naive_recurrent_gdn
 
 __all__ = [
     "GRAD_NAMES",
+    "LiveBytes",
     "assert_close",
     "assert_equal",
     "kcp_case_inputs",
@@ -225,3 +228,45 @@ def run_script(script: str, *args: str, package: ModuleType, processes: int = 1,
         assert p.returncode == 0, err[-4000:]
         results.append(json.loads(out.strip().splitlines()[-1]))
     return results
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak memory of the tensors allocated inside the mode (any device, CPU included).
+
+    Every new storage an aten op returns is counted until its tensor is freed;
+    views and aliases of an argument are not (they share its storage). ``current``
+    and ``peak`` are bytes. Tensors made before the mode (the inputs) are not counted:
+    ``peak`` is the extra memory, as ``torch.cuda.max_memory_allocated`` after a
+    reset would show it.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: dict[int, int] = {}
+        self.current = 0
+        self.peak = 0
+
+    def _track(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        key, n = storage.data_ptr(), storage.nbytes()
+        if n == 0 or key in self.live:
+            return
+        self.live[key] = n
+        self.current += n
+        self.peak = max(self.peak, self.current)
+
+        def free(key: int = key, n: int = n) -> None:
+            if self.live.pop(key, None) is not None:
+                self.current -= n
+
+        weakref.finalize(t, free)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+        inputs = {x.untyped_storage().data_ptr() for x in flat if isinstance(x, torch.Tensor)}
+        for o in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
+                self._track(o)
+        return out
