@@ -366,6 +366,17 @@ def test_group_one_rounds_dq_dk_in_their_kernels(dtype):
                         dqk_dtype=torch.float32)
 
 
+def test_wy_bwd_rejects_a_dk_out_of_another_shape():
+    args, kw, index = _recompute_args([70, 33], 1, 1, 32, 16, seed=23)
+    q, k, v, beta, G, A_inv = args[:6]
+    T = k.shape[0]
+    dk = torch.zeros(T, 1, 32, device=DEVICE)
+    dg_part = torch.zeros(1, T, 1, device=DEVICE)
+    with pytest.raises(ValueError, match="dk_out must be a contiguous"):
+        wy_bwd(k, v, beta, G, A_inv, torch.zeros_like(k), torch.zeros_like(v), dk, dg_part,
+               index, 1, torch.float32, dk_out=torch.empty(T, 1, 16, device=DEVICE))
+
+
 def test_backward_drops_the_recomputed_tensors_once_spent():
     """W, h and v_new leave the Recomputed as their last readers run (their memory is
     then free before the WY backward allocates), and the result does not change."""
