@@ -763,36 +763,24 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
             bst.P = _reference_state_grad(saved, do, init, D0)
         return bst
 
-    from gdn_core.ops.backward import (
-        BackwardWorkspace,
-        DetBackwardWorkspace,
-        NonDetBackwardWorkspace,
-        uses_dq_partials,
-    )
+    from gdn_core.ops.backward import resolve_workspace, uses_dq_partials
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
     from gdn_core.ops.dv_local import dv_local_bwd
     from gdn_core.ops.wy import wy_apply, wy_fwd
-    from gdn_core.typed import require_instance
 
     index = saved.index
     q, k, v, beta, G = saved.q, saved.k, saved.v, saved.beta, saved.G
     T, H, K = k.shape
     group = s.group
     bst.do_flat = _flat(do).to(k.dtype).contiguous()
-    shape_kw = dict(T=T, H=H, HV=s.HV, K=K, V=s.V, num_chunks=index.num_chunks,
-                    num_docs=s.num_docs, dtype=k.dtype, device=k.device)
     l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None  # as segment_bwd_finish
-    dq_partials = uses_dq_partials(group, torch.float32 if l2 else None)
-    if workspace is None:
-        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic,
-                                                 dq_partials=dq_partials)
-    else:
-        expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
-        require_instance(workspace, expected, "workspace")
-        workspace.check(deterministic=deterministic, dq_partials=dq_partials, **shape_kw)
-    bst.workspace = workspace
-    ws = workspace.views(T, s.HV, K, s.V, index.num_chunks, k.dtype, dq_partials=dq_partials)
+    bst.workspace, ws = resolve_workspace(
+        workspace, deterministic=deterministic,
+        dq_partials=uses_dq_partials(group, torch.float32 if l2 else None), T=T, H=H,
+        HV=s.HV, K=K, V=s.V, num_chunks=index.num_chunks, num_docs=s.num_docs, dtype=k.dtype,
+        device=k.device,
+    )
     if G is None:
         from gdn_core.ops.cumsum import chunk_cumsum_fwd
 

@@ -51,6 +51,7 @@ __all__ = [
     "gdn_backward_triton",
     "chunk_gdn_backward",
     "backward_from_recompute",
+    "resolve_workspace",
     "uses_dq_partials",
 ]
 
@@ -243,6 +244,41 @@ class NonDetBackwardWorkspace(BackwardWorkspace):
     deterministic = False
 
 
+def resolve_workspace(
+    workspace: BackwardWorkspace | None,
+    *,
+    deterministic: bool,
+    dq_partials: bool,
+    T: int,
+    H: int,
+    HV: int,
+    K: int,
+    V: int,
+    num_chunks: int,
+    num_docs: int,
+    dtype: torch.dtype,
+    device: torch.device | str,
+) -> tuple[BackwardWorkspace, dict[str, torch.Tensor]]:
+    """The workspace a backward of this size uses and its buffers viewed at that size:
+    ``workspace`` after its checks, or a fresh one (without the fp32 ``dq`` partials
+    unless ``dq_partials``).
+
+    Raises:
+        ValueError: ``workspace`` is of the other mode or not a backward workspace,
+            or does not fit (see :meth:`BackwardWorkspace.check`).
+    """
+    shape_kw = dict(T=T, H=H, HV=HV, K=K, V=V, num_chunks=num_chunks, num_docs=num_docs,
+                    dtype=dtype, device=device)
+    if workspace is None:
+        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic,
+                                                 dq_partials=dq_partials)
+    else:
+        expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
+        require_instance(workspace, expected, "workspace")
+        workspace.check(deterministic=deterministic, dq_partials=dq_partials, **shape_kw)
+    return workspace, workspace.views(T, HV, K, V, num_chunks, dtype, dq_partials)
+
+
 @dataclass
 class Recomputed:
     """What a backward rebuilt of the forward: ``W [T,HV,K]``, ``h [NT,HV,K,V]``,
@@ -302,19 +338,12 @@ def backward_from_recompute(
     HV, V = v.shape[1], v.shape[2]
     group = HV // H
     dtype = k.dtype
-    shape_kw = dict(
-        T=T, H=H, HV=HV, K=K, V=V, num_chunks=index.num_chunks,
+    direct = not uses_dq_partials(group, dqk_dtype)  # dq/dk complete in their kernels
+    _, ws = resolve_workspace(
+        workspace, deterministic=deterministic, dq_partials=not direct, T=T, H=H, HV=HV, K=K,
+        V=V, num_chunks=index.num_chunks,
         num_docs=index.num_docs if num_docs is None else num_docs, dtype=dtype, device=k.device,
     )
-    direct = not uses_dq_partials(group, dqk_dtype)  # dq/dk complete in their kernels
-    if workspace is None:
-        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic,
-                                                 dq_partials=not direct)
-    else:
-        expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
-        require_instance(workspace, expected, "workspace")
-        workspace.check(deterministic=deterministic, dq_partials=not direct, **shape_kw)
-    ws = workspace.views(T, HV, K, V, index.num_chunks, dtype, dq_partials=not direct)
 
     if dv_local is None:
         dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
