@@ -130,27 +130,26 @@ def _wy_apply_tiles(p_a, RSA, p_k, KS, p_w, WS, p_v, VS, p_u, US, g, beta, t, n,
         a = a.to(p_w.dtype.element_ty)
     else:
         a = a.to(tl.float32)
-    ek = beta * tl.exp(g)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        ck = i_k * BK + tl.arange(0, BK)
-        mk = ck < K
-        y = _ld(p_k, t, mt, ck, mk, KS).to(tl.float32) * ek[:, None]
-        if DOT16:
-            w = tl.dot(a, y.to(p_w.dtype.element_ty))
-        else:
-            w = tl.dot(a, y, input_precision=PREC)
-        _st(p_w, t, mt, ck, mk, WS, w)
+    _dot_rows(a, p_k, KS, p_w, WS, beta * tl.exp(g), t, mt, K, BK, PREC, DOT16)
     if DOT16:
         a = a.to(p_u.dtype.element_ty)
-    for i_v in range(0, tl.cdiv(V, BV)):
-        cv = i_v * BV + tl.arange(0, BV)
-        mv = cv < V
-        y = _ld(p_v, t, mt, cv, mv, VS).to(tl.float32) * beta[:, None]
+    _dot_rows(a, p_v, VS, p_u, US, beta, t, mt, V, BV, PREC, DOT16)
+
+
+@triton.jit
+def _dot_rows(a, p_x, XS, p_o, OS, scale, t, mt, D: tl.constexpr, BD: tl.constexpr,
+              PREC: tl.constexpr, DOT16: tl.constexpr):
+    """``O = a · diag(scale) X`` over ``D`` columns in ``BD``-wide blocks: ``X`` and
+    ``O`` rows ``t`` (masked by ``mt``) at row strides ``XS``/``OS``."""
+    for i in range(0, tl.cdiv(D, BD)):
+        c = i * BD + tl.arange(0, BD)
+        mc = c < D
+        y = _ld(p_x, t, mt, c, mc, XS).to(tl.float32) * scale[:, None]
         if DOT16:
-            u = tl.dot(a, y.to(p_u.dtype.element_ty))
+            o = tl.dot(a, y.to(p_o.dtype.element_ty))
         else:
-            u = tl.dot(a, y, input_precision=PREC)
-        _st(p_u, t, mt, cv, mv, US, u)
+            o = tl.dot(a, y, input_precision=PREC)
+        _st(p_o, t, mt, c, mc, OS, o)
 
 
 @triton.jit
