@@ -5,8 +5,9 @@ puts our state forward (0.32 vs 0.21 ms a call) and WY backward (0.71 vs 0.53 ms
 behind fla's. This script times each kernel's launcher under patched pinned
 configurations — the module's ``*_config`` function replaced for the call, so the
 launcher, masks and arguments are the production ones — against the pinned
-configuration, on bf16 B1 T32768 H16 K=V=128 with 1 and 8 documents (CUDA-event
-medians of 20 after 3 warm-ups), and reports each variant's largest difference
+configuration, on the benchmark's bf16 inputs (``common.make_gdn_inputs``) at B1
+T32768 H16 K=V=128 with 1 and 8 documents (``common.time_fn``: CUDA-event medians of
+20 after 3 warm-ups, no L2 flush), and reports each variant's largest difference
 from the pinned result (Triton 3.6 gets some narrow blocks wrong on Hopper:
 ``gdn_core.ops.tiles``; a variant is only a candidate if it agrees).
 
@@ -21,26 +22,16 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import torch  # noqa: E402
 
 H, D = 16, 128
-
-
-def _median_ms(fn: Callable[[], object], iters: int = 20) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(True), torch.cuda.Event(True)
-    times = []
-    for _ in range(iters):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 @contextlib.contextmanager
@@ -64,17 +55,11 @@ def _problem(T: int, docs: int, device: str) -> dict:
     from gdn_core.ops.dv_local import dv_local_bwd
     from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
-    gen = torch.Generator().manual_seed(0)
     half = torch.bfloat16 if device == "cuda" else torch.float16  # interpreter: no bf16 dots
-    q = torch.randn(T, H, D, generator=gen).to(device, half)
-    k = torch.nn.functional.normalize(torch.randn(T, H, D, generator=gen), dim=-1)
-    k = k.to(device, half)
-    v = torch.randn(T, H, D, generator=gen).to(device, half)
-    g = torch.nn.functional.logsigmoid(torch.randn(T, H, generator=gen)).to(device)
-    beta = torch.rand(T, H, generator=gen).to(device, half)
-    do = torch.randn(T, H, D, generator=gen).to(device, half)
-    offsets = torch.linspace(0, T, docs + 1).long().tolist()
-    index = ChunkIndex.build(offsets, device)
+    inp = common.make_gdn_inputs(common.GDNShape(B=1, T=T, H=H, K=D, V=D, D=docs),
+                                 dtype=half, device=device, requires_grad=False)
+    q, k, v, g, beta, do = (x[0].contiguous() for x in (*inp.leaves, inp.do))
+    index = ChunkIndex.build(inp.offsets, device)
     G = chunk_cumsum_fwd(g, index)
     A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)
     A_inv = inverse_for_backward(A_inv, k, v)
@@ -129,7 +114,9 @@ def main() -> None:
     T = args.tokens
 
     def timed(fn) -> float:
-        return float("nan") if args.check else _median_ms(fn)
+        if args.check:
+            return float("nan")
+        return common.time_fn(fn, device="cuda", warmup=3, iters=20, flush_l2=False).median
 
     for docs in (int(x) for x in args.docs.split(",")):
         p = _problem(T, docs, args.device)

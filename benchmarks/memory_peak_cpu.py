@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 import torch  # noqa: E402
 
 
@@ -34,14 +38,11 @@ def main() -> None:
     fwd = pkg.chunk_gdn_det_fwd if det else pkg.chunk_gdn_fwd
     bwd = pkg.chunk_gdn_det_bwd if det else pkg.chunk_gdn_bwd
     T, H, D = args.tokens, args.heads, args.dim
-    gen = torch.Generator().manual_seed(0)
-    half = torch.float16  # the interpreter's dots are exact in fp16, not in bf16
-    q = torch.randn(1, T, H, D, generator=gen).to(half)
-    k = torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1).to(half)
-    v = torch.randn(1, T, H, D, generator=gen).to(half)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen))
-    beta = torch.rand(1, T, H, generator=gen).to(half)
-    do = torch.randn(1, T, H, D, generator=gen).to(half)
+    inp = common.make_gdn_inputs(common.GDNShape(B=1, T=T, H=H, K=D, V=D),
+                                 dtype=torch.float16,  # the interpreter's dots: fp16, not bf16
+                                 requires_grad=False)
+    q, k, v, g, beta = inp.leaves
+    do = inp.do
     kw = {} if args.segment_size is None else {"segment_size": args.segment_size}
     with LiveBytes() as live:
         o, _, saved = fwd(q, k, v, g, beta, **kw)  # o stays alive, as in training

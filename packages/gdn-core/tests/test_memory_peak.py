@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
-from gdn_core.testkit import LiveBytes
+from gdn_core.testkit import LiveBytes, make_inputs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -23,15 +23,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ])
 def test_forward_backward_peak(deterministic, segment_size, bound):
     T, H, D = 1024, 2, 64
-    gen = torch.Generator().manual_seed(0)
-    half = torch.float16
-    q = torch.randn(1, T, H, D, generator=gen).to(DEVICE, half)
-    k = torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1)
-    k = k.to(DEVICE, half)
-    v = torch.randn(1, T, H, D, generator=gen).to(DEVICE, half)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen)).to(DEVICE)
-    beta = torch.rand(1, T, H, generator=gen).to(DEVICE, half)
-    do = torch.randn(1, T, H, D, generator=gen).to(DEVICE, half)
+    inputs, _, cot = make_inputs(T=T, H=H, HV=H, K=D, V=D, dtype=torch.float16, device=DEVICE,
+                                 initial_state=False)
+    q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
+    do = cot["do"]
     with LiveBytes() as live:
         o, _, saved = chunk_gdn_fwd(q, k, v, g, beta, deterministic=deterministic,
                                     backend="triton", segment_size=segment_size)
