@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,7 +71,7 @@ def _problem(T: int, docs: int, device: str) -> dict:
     _, dk_part, dw, dg_part = dqkwg_bwd(q, k, v_new, h, G, do, dh, dvp, scale, index, 1)
     return dict(q=q, k=k, v=v, beta=beta, G=G, W=W, U=U, A_inv=A_inv, do=do, dvl=dvl,
                 dvp=dvp, dw=dw, dk_part=dk_part, dk_out=torch.empty_like(dk_part),
-                dg_part=dg_part, index=index, scale=scale, g_dtype=g.dtype)
+                dg_part=dg_part, index=index, scale=scale, g_dtype=g.dtype, docs=docs)
 
 
 def _kernels(p: dict) -> dict:
@@ -103,6 +104,35 @@ def _kernels(p: dict) -> dict:
     }
 
 
+def _run_one(args, p: dict, name: str, index: int | None) -> None:
+    """Time kernel ``name`` pinned (``index`` None) or under variant ``index``; print one line."""
+    module, cfg_name, call, variants = _kernels(p)[name]
+
+    def timed(fn) -> float:
+        if args.check:
+            return float("nan")
+        return common.time_fn(fn, device="cuda", warmup=3, iters=20, flush_l2=False).median
+
+    pinned_out = call().float()
+    pinned_ms = timed(call)
+    if index is None:
+        print(f"\n{name}  B1 T{args.tokens} H{H} D{D} docs={p['docs']}  pinned "
+              f"{getattr(module, cfg_name)(D, D)}: {pinned_ms:.3f} ms", flush=True)
+        return
+    over = variants[index]
+    try:
+        with _patched(module, cfg_name, over):
+            out = call().float()
+            ms = timed(call)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        diff = (out - pinned_out).abs().max().item()
+        speed = "ran" if args.check else f"{ms:.3f} ms ({pinned_ms / ms:.2f}x)"
+        print(f"  {over}: {speed}, max |diff| vs pinned {diff:.2e}", flush=True)
+    except Exception as exc:  # noqa: BLE001 - a variant that fails is reported
+        print(f"  {over}: FAILED {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kernels", default="state_fwd,state_bwd,wy_bwd")
@@ -110,34 +140,30 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--check", action="store_true", help="run each variant once, untimed")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # "kernel:docs:index"
     args = parser.parse_args()
-    T = args.tokens
-
-    def timed(fn) -> float:
-        if args.check:
-            return float("nan")
-        return common.time_fn(fn, device="cuda", warmup=3, iters=20, flush_l2=False).median
-
-    for docs in (int(x) for x in args.docs.split(",")):
-        p = _problem(T, docs, args.device)
-        for name, (module, cfg_name, call, variants) in _kernels(p).items():
-            if name not in args.kernels.split(","):
-                continue
-            pinned_out = call().float()
-            pinned_ms = timed(call)
-            print(f"\n{name}  B1 T{T} H{H} D{D} docs={docs}  pinned "
-                  f"{getattr(module, cfg_name)(D, D)}: {pinned_ms:.3f} ms", flush=True)
-            # (nan ms under --check)
-            for over in variants:
-                try:
-                    with _patched(module, cfg_name, over):
-                        out = call().float()
-                        ms = timed(call)
-                    diff = (out - pinned_out).abs().max().item()
-                    speed = "ran" if args.check else f"{ms:.3f} ms ({pinned_ms / ms:.2f}x)"
-                    print(f"  {over}: {speed}, max |diff| vs pinned {diff:.2e}", flush=True)
-                except Exception as exc:  # noqa: BLE001 - a variant that fails is reported
-                    print(f"  {over}: FAILED {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+    if args.one is not None:  # a child: one measurement in its own CUDA context
+        name, docs, index = args.one.split(":")
+        p = _problem(args.tokens, int(docs), args.device)
+        _run_one(args, p, name, None if index == "pinned" else int(index))
+        return
+    # Each measurement runs in its own process: a variant that faults (Triton 3.6
+    # gets some configurations wrong on Hopper) poisons its CUDA context, and would
+    # fail every later variant of the same process.
+    counts = {name: len(v[3]) for name, v in _kernels(None).items()}
+    base = [sys.executable, __file__, "--tokens", str(args.tokens), "--device", args.device]
+    if args.check:
+        base.append("--check")
+    for docs in args.docs.split(","):
+        for name in args.kernels.split(","):
+            for index in ["pinned", *range(counts[name])]:
+                res = subprocess.run([*base, "--one", f"{name}:{docs}:{index}"],
+                                     capture_output=True, text=True)
+                print(res.stdout, end="", flush=True)
+                if res.returncode != 0:
+                    last = (res.stderr.strip().splitlines() or ["?"])[-1]
+                    print(f"  variant {index}: process exit {res.returncode}: {last[:160]}",
+                          flush=True)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,8 @@
 # an illegal address there that the gpu-marked shapes never hit.
 # STAGES=split (x2, ~450 s): GPU 0 runs the gpu tests then the packed-document
 # half; GPU 1 meanwhile the scripts in KERNEL_TIMINGS, the profile and the
-# fixed-shape half (timed runs on their own GPU and cores, never beside each other).
+# fixed-shape half (timed runs on their own GPU and cores, never beside each other);
+# KERNEL_TIMEOUT bounds each of those scripts, SPLIT_PROFILE=0 leaves the profile out.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
@@ -140,13 +141,16 @@ run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 ker
   local C=$((NCPU * 3 / 4))
   (
     for f in ${KERNEL_TIMINGS:-}; do
-      CUDA_VISIBLE_DEVICES=1 timeout 90 taskset -c "$C-$LAST" python3 "$f" > "$OUT/$(basename "$f" .py).txt" 2>&1
+      CUDA_VISIBLE_DEVICES=1 timeout "${KERNEL_TIMEOUT:-90}" taskset -c "$C-$LAST" python3 "$f" \
+        > "$OUT/$(basename "$f" .py).txt" 2>&1
       echo "timing $f exit $?"
     done
-    CUDA_VISIBLE_DEVICES=1 timeout 120 taskset -c "$C-$LAST" python3 benchmarks/profile_gdn.py \
-      --shapes 1x8192x16x1,4x8192x16x1,1x32768x16x1,1x65536x16x16 --segments 1024,0 --iters 10 \
-      --rows 12 > "$OUT/profile.txt" 2>&1
-    echo "profile exit $?"
+    if [[ ${SPLIT_PROFILE:-1} == 1 ]]; then
+      CUDA_VISIBLE_DEVICES=1 timeout 120 taskset -c "$C-$LAST" python3 benchmarks/profile_gdn.py \
+        --shapes 1x8192x16x1,4x8192x16x1,1x32768x16x1,1x65536x16x16 --segments 1024,0 --iters 10 \
+        --rows 12 > "$OUT/profile.txt" 2>&1
+      echo "profile exit $?"
+    fi
     bench_half a "$HALF_A" "$ACC_A" 1 "$C-$LAST"
   ) &
   TEST_GPU=0 TEST_CORES="0-$((C - 1))" run_tests  # (so the NCCL worlds skip: GPU 1 is timing)
