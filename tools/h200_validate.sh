@@ -27,6 +27,9 @@
 # half; GPU 1 meanwhile the scripts in KERNEL_TIMINGS, the profile and the
 # fixed-shape half (timed runs on their own GPU and cores, never beside each other);
 # KERNEL_TIMEOUT bounds each of those scripts, SPLIT_PROFILE=0 leaves the profile out.
+# STAGES=pair (x2, ~520 s): GPU 0 the fixed-shape half then the simulated KCP worlds
+# (KCP_TIMEOUT each); GPU 1 the packed-document half then profile_gdn.py over
+# PROFILE_SHAPES x PROFILE_SEGMENTS. BENCH_ARMS picks the benchmark's arms.
 set -u
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 \
   NVSHMEM_DISABLE_NVLS=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
@@ -90,7 +93,7 @@ run_sanitize() {  # the two shapes that hit an illegal address on 2026-11-30, un
 
 bench_half() {  # name shapes acc gpu cores
   timeout "$BENCH_TIMEOUT" env CUDA_VISIBLE_DEVICES="$4" taskset -c "$5" \
-    python3 benchmarks/bench_gdn_train.py --arms det,nondet,det-plain --compare fla --warmup 5 \
+    python3 benchmarks/bench_gdn_train.py --arms "${BENCH_ARMS:-det,nondet,det-plain}" --compare fla --warmup 5 \
     --iters 20 --shapes "$2" --acc-shapes "$3" --json "$OUT/bench_gdn_train_$1.json" \
     > "$OUT/bench_gdn_train_$1.md" 2>&1
   echo "bench $1 exit $?"
@@ -110,7 +113,7 @@ run_bench() {
 
 run_kcp() {
   for W in ${KCP_WORLDS:-2 4 8}; do
-    timeout 80 python3 benchmarks/bench_gdn_det_train_kcp.py --simulate \
+    timeout "${KCP_TIMEOUT:-80}" python3 benchmarks/bench_gdn_det_train_kcp.py --simulate \
       --world "$W" --boundary segment --seqlen 65536 --docs 16 --heads 16 --dim 128 \
       --warmup 2 --iters 5 --json "$OUT/kcp_w$W.json" > "$OUT/kcp_w$W.md" 2>&1
     echo "kcp world $W exit $?"; grep -A5 -i slowest "$OUT/kcp_w$W.md"
@@ -163,8 +166,24 @@ run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 ker
   fi
 }
 
+run_pair() {  # two GPUs, one budgeted call: GPU 0 half a then the KCP worlds; GPU 1 half b then the profile
+  local C=$MID
+  (
+    bench_half b "$HALF_B" "$ACC_B" 1 "$C-$LAST"
+    CUDA_VISIBLE_DEVICES=1 timeout "${PROFILE_TIMEOUT:-120}" taskset -c "$C-$LAST" \
+      python3 benchmarks/profile_gdn.py --shapes "${PROFILE_SHAPES:-1x32768x16x1,1x65536x16x16}" \
+      --segments "${PROFILE_SEGMENTS:-1024,4096,0}" --iters 10 --rows 12 > "$OUT/profile.txt" 2>&1
+    echo "profile exit $?"
+  ) &
+  bench_half a "$HALF_A" "$ACC_A" 0 "0-$((C - 1))"
+  CUDA_VISIBLE_DEVICES=0 KCP_TIMEOUT=${KCP_TIMEOUT:-70} run_kcp
+  wait
+  for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -24; done
+}
+
 # One stage after another: nothing shares a GPU with a timed run.
 if [[ $STAGES == *split* ]]; then run_split; fi
+if [[ $STAGES == *pair* ]]; then run_pair; fi
 if [[ $STAGES == *tests* ]]; then run_tests; fi
 if [[ $STAGES == *sanitize* ]]; then run_sanitize; fi
 if [[ $STAGES == *shapes* ]]; then run_cpu_shapes; fi
