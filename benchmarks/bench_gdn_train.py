@@ -110,8 +110,8 @@ ARMS: dict[str, ArmSpec] = {
                 "gdn-train without segments (segment_size=0)",
                 kwargs=(("segment_size", 0),)),
         *(ArmSpec(f"det-s{S}", "gdn_det_train", "chunk_gated_delta_rule_det",
-                  f"gdn-det-train with segment_size={S} (the default is 1024)",
-                  kwargs=(("segment_size", S),)) for S in (2048, 4096)),
+                  f"gdn-det-train with segment_size={S}",
+                  kwargs=(("segment_size", S),)) for S in (1024, 2048, 4096)),
         ArmSpec("fla", "fla.ops.gated_delta_rule", "chunk_gated_delta_rule",
                 "flash-linear-attention", cuda_only=True),
         ArmSpec("reference", "gdn_core.reference", "chunk_gdn_reference",
@@ -457,8 +457,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "without CUDA this is required and must be tiny)")
     p.add_argument("--arms", default="det,nondet",
                    help="comma-separated arms among det, nondet, det-plain, nondet-plain "
-                        "(the packages with segment_size=0), det-s2048, det-s4096 (other "
-                        "segment sizes), fla (default: det,nondet)")
+                        "(the packages with segment_size=0), det-s1024, det-s2048, det-s4096 "
+                        "(explicit segment sizes), fla (default: det,nondet)")
     p.add_argument("--compare", action="append", default=[], choices=["fla"],
                    help="also run fla's chunk_gated_delta_rule on the same inputs")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 validation: every package's `gpu` tests, the single-rank benchmark
 # against fla (bf16, anchor shapes) and the simulated-world KCP benchmark.
-# Logs and JSON land in $OUT.
+# Logs and JSON land in $OUT, packed into $OUT/all.tgz at the end.
 #
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
@@ -26,7 +26,8 @@
 # STAGES=split (x2, ~450 s): GPU 0 runs the gpu tests then the packed-document
 # half; GPU 1 meanwhile the scripts in KERNEL_TIMINGS, the profile and the
 # fixed-shape half (timed runs on their own GPU and cores, never beside each other);
-# KERNEL_TIMEOUT bounds each of those scripts, SPLIT_PROFILE=0 leaves the profile out.
+# KERNEL_TIMEOUT bounds each of those scripts, SPLIT_PROFILE=0 leaves the profile out
+# (PROFILE_SHAPES, PROFILE_SEGMENTS, PROFILE_TIMEOUT shape it), SPLIT_DEMO=0 the NCCL demo.
 # STAGES=pair (x2, ~520 s): GPU 0 the fixed-shape half then the simulated KCP worlds
 # (KCP_TIMEOUT each); GPU 1 the packed-document half then profile_gdn.py over
 # PROFILE_SHAPES x PROFILE_SEGMENTS. BENCH_ARMS picks the benchmark's arms.
@@ -149,9 +150,10 @@ run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 ker
       echo "timing $f exit $?"
     done
     if [[ ${SPLIT_PROFILE:-1} == 1 ]]; then
-      CUDA_VISIBLE_DEVICES=1 timeout 120 taskset -c "$C-$LAST" python3 benchmarks/profile_gdn.py \
-        --shapes 1x8192x16x1,4x8192x16x1,1x32768x16x1,1x65536x16x16 --segments 1024,0 --iters 10 \
-        --rows 12 > "$OUT/profile.txt" 2>&1
+      CUDA_VISIBLE_DEVICES=1 timeout "${PROFILE_TIMEOUT:-120}" taskset -c "$C-$LAST" \
+        python3 benchmarks/profile_gdn.py \
+        --shapes "${PROFILE_SHAPES:-1x8192x16x1,4x8192x16x1,1x32768x16x1,1x65536x16x16}" \
+        --segments "${PROFILE_SEGMENTS:-1024,0}" --iters 10 --rows 12 > "$OUT/profile.txt" 2>&1
       echo "profile exit $?"
     fi
     bench_half a "$HALF_A" "$ACC_A" 1 "$C-$LAST"
@@ -160,7 +162,7 @@ run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 ker
   bench_half b "$HALF_B" "$ACC_B" 0 "0-$((C - 1))"
   wait
   for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -20; done
-  if [[ $NGPU -ge 2 ]]; then  # the README's demo with one rank per GPU (NCCL), after the timed runs
+  if [[ $NGPU -ge 2 && ${SPLIT_DEMO:-1} == 1 ]]; then  # the README's demo, one rank per GPU (NCCL)
     timeout 150 python3 -m gdn_det_train_kcp.demo --device cuda > "$OUT/demo_nccl.log" 2>&1
     echo "demo over NCCL exit $?"; tail -4 "$OUT/demo_nccl.log"
   fi
@@ -191,4 +193,6 @@ if [[ $STAGES == *bench* ]]; then run_bench; fi
 if [[ $STAGES == *variants* ]]; then run_variants; fi
 if [[ $STAGES == *kcp* ]]; then run_kcp; fi
 if [[ $STAGES == *nccl* ]]; then run_nccl; fi
+# The device tool brings back a few files only: one archive holds them all.
+tar czf /tmp/h200_out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/h200_out.tgz "$OUT/all.tgz"
 exit 0

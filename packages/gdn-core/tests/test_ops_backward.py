@@ -187,6 +187,13 @@ def test_chunk_state_bwd(lengths, H, group, K, V, with_h0):
     _close(dh0, h0l.grad, 1e-5, "dh0")
     if states_out:
         _close(dh, torch.stack([s.grad for s in states_out]), 1e-5, "dh")
+    # dh0 written over dht (the segment path's fold output): the same bits
+    dht_buf = dht.clone()
+    _, _, dh0_inplace = chunk_state_bwd(q, k, W, G, do, dv_local, dht_buf, scale, index, group,
+                                        dh0=dht_buf)
+    assert dh0_inplace.data_ptr() == dht_buf.data_ptr() and torch.equal(dh0_inplace, dh0)
+    with pytest.raises(ValueError, match="dh0 must be"):
+        chunk_state_bwd(q, k, W, G, do, dv_local, dht, scale, index, group, dh0=dht.double())
     # without dht the last chunk of each document starts from zero
     _, _, dh0_nodht = chunk_state_bwd(q, k, W, G, do, dv_local, None, scale, index, group)
     for n, (bos, eos) in enumerate(bounds):

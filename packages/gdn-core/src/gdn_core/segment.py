@@ -793,6 +793,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         bst.A_inv, bst.W, U = wy_fwd(k, v, beta, G, index, group)
     bst.h, bst.v_new, _ = chunk_state_fwd(k, bst.W, U, G, index, group, initial_state=init,
                                           output_final_state=False, store_states=True)
+    del U  # spent: v_new holds what the backward needs of it
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
     if need and not L.trivial:
@@ -865,7 +866,13 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
             E_pool, M_pool = P, M
         _run_chains(ch, E_pool, M_pool, out, transpose=True)
     bst.D = out[:nseg]
+    bst.P = None  # spent (the fold runs once per backward)
     return out[ch.extra_row] if (want_first and ch.extra_row is not None) else None
+
+
+def _own_fp32(D: torch.Tensor | None) -> torch.Tensor | None:
+    """The fold's ``D`` when the entry-state gradients may overwrite it (fp32), else ``None``."""
+    return D if D is not None and D.dtype == torch.float32 else None
 
 
 def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
@@ -888,7 +895,7 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
             scale=saved.scale, index=saved.index, do=bst.do_flat, dht=D,
             g_dtype=saved.g.dtype, deterministic=bst.deterministic, workspace=bst.workspace,
             dqk_dtype=torch.float32 if l2 else None, dv_local=bst.dv_local,
-            num_docs=s.num_docs,
+            num_docs=s.num_docs, dh0=_own_fp32(bst.D),
         )
         if l2:
             from gdn_core.ops.l2norm import l2norm_bwd

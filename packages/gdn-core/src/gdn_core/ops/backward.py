@@ -30,6 +30,7 @@ types the workspace.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +47,7 @@ from gdn_core.typed import TypedWorkspace, mode_name, require_instance
 __all__ = [
     "BackwardWorkspace",
     "DetBackwardWorkspace",
+    "FreshBuffers",
     "NonDetBackwardWorkspace",
     "Recomputed",
     "gdn_backward_triton",
@@ -244,6 +246,30 @@ class NonDetBackwardWorkspace(BackwardWorkspace):
     deterministic = False
 
 
+class FreshBuffers(Mapping[str, torch.Tensor]):
+    """The scratch of a backward that was given no workspace: each buffer is
+    allocated at its first use, so that its memory is taken only from the stage
+    that writes it on (the fp32 ``dq``/``dk`` partials, for one, are not live
+    during the state recurrence's reverse passes)."""
+
+    def __init__(self, specs: dict[str, tuple[tuple[int, ...], torch.dtype]],
+                 device: torch.device | str) -> None:
+        self._specs, self._device = specs, torch.device(device)
+        self._made: dict[str, torch.Tensor] = {}
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._made:
+            shape, dt = self._specs[name]
+            self._made[name] = torch.empty(shape, dtype=dt, device=self._device)
+        return self._made[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
 def resolve_workspace(
     workspace: BackwardWorkspace | None,
     *,
@@ -258,24 +284,23 @@ def resolve_workspace(
     num_docs: int,
     dtype: torch.dtype,
     device: torch.device | str,
-) -> tuple[BackwardWorkspace, dict[str, torch.Tensor]]:
-    """The workspace a backward of this size uses and its buffers viewed at that size:
-    ``workspace`` after its checks, or a fresh one (without the fp32 ``dq`` partials
-    unless ``dq_partials``).
+) -> tuple[BackwardWorkspace | None, Mapping[str, torch.Tensor]]:
+    """The buffers of a backward of this size: ``(workspace, its views)`` after
+    the workspace's checks, or ``(None, FreshBuffers)`` without one (allocated
+    each at its first use; no fp32 ``dq`` partials unless ``dq_partials``).
 
     Raises:
         ValueError: ``workspace`` is of the other mode or not a backward workspace,
             or does not fit (see :meth:`BackwardWorkspace.check`).
     """
+    if workspace is None:
+        return None, FreshBuffers(_buffer_specs(T, HV, K, V, num_chunks, dtype, dq_partials),
+                                  device)
     shape_kw = dict(T=T, H=H, HV=HV, K=K, V=V, num_chunks=num_chunks, num_docs=num_docs,
                     dtype=dtype, device=device)
-    if workspace is None:
-        workspace = BackwardWorkspace.for_shapes(**shape_kw, deterministic=deterministic,
-                                                 dq_partials=dq_partials)
-    else:
-        expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
-        require_instance(workspace, expected, "workspace")
-        workspace.check(deterministic=deterministic, dq_partials=dq_partials, **shape_kw)
+    expected = DetBackwardWorkspace if deterministic else NonDetBackwardWorkspace
+    require_instance(workspace, expected, "workspace")
+    workspace.check(deterministic=deterministic, dq_partials=dq_partials, **shape_kw)
     return workspace, workspace.views(T, HV, K, V, num_chunks, dtype, dq_partials)
 
 
@@ -311,6 +336,7 @@ def backward_from_recompute(
     dqk_dtype: torch.dtype | None = None,
     dv_local: torch.Tensor | None = None,
     num_docs: int | None = None,
+    dh0: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Stages 1–5 given the forward's intermediates.
 
@@ -332,7 +358,8 @@ def backward_from_recompute(
     ``dv_local``: stage 1's result when the caller already has it (the segment
     path computes it before its first reverse pass). ``num_docs``: the document
     count the workspace is checked against (default: the index's; the segment
-    path's index holds segments).
+    path's index holds segments). ``dh0``: the buffer of that result, may be ``dht``
+    (:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`).
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
@@ -348,7 +375,8 @@ def backward_from_recompute(
     if dv_local is None:
         dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
     dh, dvp, dh0 = chunk_state_bwd(
-        q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local
+        q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
+        dh0=dh0,
     )  # dV' over dv_local: each element is rewritten by the program that read it
     rec.W = None
     # Outputs are allocated as late as possible, each once the tensors spent

@@ -177,6 +177,7 @@ def chunk_state_bwd(
     *,
     store: bool = True,
     need: torch.Tensor | None = None,
+    dh0: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """Reverse state recurrence. Returns ``(dh [NT,HV,K,V], dv [T,HV,V], dh0 [N,HV,K,V] fp32)``.
 
@@ -187,6 +188,8 @@ def chunk_state_bwd(
     ``store=False``: only ``dh0`` (``dh``/``dv`` are returned as ``None``).
     ``need``: optional int32 ``[N]``; documents with ``need == 0`` are skipped
     (their ``dh0`` rows are left unwritten).
+    ``dh0`` may supply that result's fp32 buffer, and may be ``dht`` itself (each
+    program loads its ``dht`` tile first and stores the same ``dh0`` tile last).
     """
     T, H, K = k.shape
     HV, V = do.shape[1], do.shape[2]
@@ -200,7 +203,11 @@ def chunk_state_bwd(
             dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=k.device)
         if dv is None:
             dv = torch.empty(T, HV, V, dtype=k.dtype, device=k.device)
-    dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device)
+    if dh0 is None:
+        dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device)
+    elif dh0.dtype != torch.float32 or tuple(dh0.shape) != (N, HV, K, V) or not dh0.is_contiguous():
+        raise ValueError(f"dh0 must be a contiguous fp32 [N, HV, K, V] = {(N, HV, K, V)}, "
+                         f"got {dh0.dtype} {tuple(dh0.shape)}")
     if N == 0:
         return dh, dv, dh0
     if dht is not None:
