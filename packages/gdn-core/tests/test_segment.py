@@ -91,7 +91,7 @@ def test_layout_cuts_documents_into_segments():
 
 
 def test_segment_size_validation():
-    assert resolve_segment_size(None) == DEFAULT_SEGMENT_SIZE == 1024
+    assert resolve_segment_size(None) == DEFAULT_SEGMENT_SIZE == 4096
     assert resolve_segment_size(0) == 0 and resolve_segment_size(192) == 192
     for bad in (100, -64, 1.5, True):
         with pytest.raises(ValueError, match="segment_size"):
@@ -134,12 +134,13 @@ def test_default_segment_size_by_mode():
     """Deterministic calls always segment (bits independent of the batch); a
     non-deterministic default keeps the plain path once enough long documents
     fill the GPU; explicit sizes are kept (and validated) in both modes."""
-    long_doc = 2 * DEFAULT_SEGMENT_SIZE + 1
-    few = [0, long_doc, long_doc + 5]  # one long document (and a short one)
+    S = DEFAULT_SEGMENT_SIZE
+    long_doc = S + 1
+    few = [0, long_doc, long_doc + S]  # one long document (and one of exactly S tokens)
     many = [i * long_doc for i in range(5)]  # four long documents
-    assert PLAIN_MIN_LONG_PAIRS == 16
-    for offs, HV, nondet in ((few, 8, 1024), (few, 15, 1024), (few, 16, 0),
-                             (many, 3, 1024), (many, 4, 0), ([0, 2048], 64, 1024)):
+    assert PLAIN_MIN_LONG_PAIRS == 64
+    for offs, HV, nondet in ((few, 32, S), (few, 63, S), (few, 64, 0),
+                             (many, 15, S), (many, 16, 0), ([0, S], 256, S)):
         assert choose_segment_size(None, offs, HV, deterministic=True) == DEFAULT_SEGMENT_SIZE
         assert choose_segment_size(None, offs, HV, deterministic=False) == nondet, (offs, HV)
         for explicit in (0, 128):
@@ -151,10 +152,10 @@ def test_default_segment_size_by_mode():
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_default_segment_size_reaches_the_saved_set(deterministic):
-    """With the default size, one 2049-token document at HV=2 (two value heads
-    with a long document: far below the plain-path threshold) is segmented in
-    both modes."""
-    q, k, v, g, beta, *_ = _inputs([2 * DEFAULT_SEGMENT_SIZE + 1], H=1, HV=2, K=16, V=16)
+    """With the default size, one document of ``S + 1`` tokens at HV=2 (two value
+    heads with a long document: far below the plain-path threshold) is segmented
+    in both modes."""
+    q, k, v, g, beta, *_ = _inputs([DEFAULT_SEGMENT_SIZE + 1], H=1, HV=2, K=16, V=16)
     *_, saved = chunk_gdn_fwd(q, k, v, g, beta, deterministic=deterministic,
                               backend="reference")
     assert saved.segments is not None and saved.segments.segment_size == DEFAULT_SEGMENT_SIZE

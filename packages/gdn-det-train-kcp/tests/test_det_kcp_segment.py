@@ -94,7 +94,7 @@ def test_segment_plans_cut_on_segment_boundaries():
                     assert plan.fragment_segments(f) <= rows
     with pytest.raises(ValueError, match="segment_size"):
         kcp.partition_det_kcp([0, 100], 2, boundary="segment", segment_size=100)
-    assert kcp.partition_det_kcp([0, 5000], 2, boundary="segment").segment_size == 1024
+    assert kcp.partition_det_kcp([0, 5000], 2, boundary="segment").segment_size == 4096
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])

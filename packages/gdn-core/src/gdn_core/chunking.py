@@ -18,8 +18,17 @@ from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables
 
 CHUNK_SIZE = 64
 
+#: Default segment length of the segment algorithm (DESIGN §3), single rank and
+#: context parallel alike (the bits depend on it). H200, fwd+bwd wall of the
+#: deterministic path, 2026-12-01 (``benchmarks/profile_gdn.py``), S = 1024 / 4096 /
+#: no segments: B1 T8192 H16 2.29 / 1.72 / 1.87 ms; B1 T32768 H16 one document
+#: 5.45 / 4.99 / 5.31; 8 documents 4.97 / 4.23 / 4.27; B1 T65536 16 documents
+#: 9.52 / 8.07 / 7.92. Documents up to 4096 tokens take no summary pass at all.
+DEFAULT_SEGMENT_SIZE = 4096
+
 __all__ = [
     "CHUNK_SIZE",
+    "DEFAULT_SEGMENT_SIZE",
     "ChunkIndex",
     "chunk_host_tables",
     "chunk_index",

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
+from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE, ChunkIndex
 from gdn_core.compose import GDNGrads, GDNSaved
 from gdn_core.hostcache import LRUCache, capturing, device_key
 
@@ -75,17 +75,15 @@ __all__ = [
     "segment_fwd_fold",
 ]
 
-DEFAULT_SEGMENT_SIZE = 1024
-
 #: ``segment_size=None`` in a non-deterministic call keeps the plain path once at
-#: least this many (document, value head) pairs have a document longer than two
-#: segments: the plain recurrence then has enough programs to fill the GPU, and
-#: the segment path's extra passes (a summary pass, a fold, a second state pass
-#: each way) only cost. H200, det kernels of session 3, fwd+bwd wall
-#: (``benchmarks/profile_gdn.py``): B1 T32768 H16 (16 pairs) plain 5.57 ms vs
-#: segments 5.70; B1 T8192 H16 (16) 1.72 vs 2.38; B4 T8192 H16 (64) 4.44 vs 5.37;
-#: B1 T65536 H16 16 docs (256) 8.89 vs 10.45. Below 16 pairs is unmeasured.
-PLAIN_MIN_LONG_PAIRS = 16
+#: least this many (document, value head) pairs have a document longer than one
+#: segment: the plain recurrence then runs ``pairs × V/BV`` programs, about two per
+#: SM of the H200, and the segment path's extra passes (a summary pass, a fold, a
+#: second state pass each way) only cost. H200, fwd+bwd, S = 4096 vs no segments
+#: (2026-12-01): B1 T8192 H16 (16 such pairs) 1.72 vs 1.87 ms and B1 T32768 H16
+#: (16) 4.99 vs 5.31 (``profile_gdn.py``); B4 T8192 H16 (64) 3.99 vs 3.71
+#: (``bench_gdn_train.py``).
+PLAIN_MIN_LONG_PAIRS = 64
 
 
 def resolve_segment_size(segment_size: int | None, chunk_size: int = CHUNK_SIZE) -> int:
@@ -115,7 +113,7 @@ def choose_segment_size(segment_size: int | None, offsets, HV: int, *, determini
     :data:`DEFAULT_SEGMENT_SIZE` (its bits must not depend on the batch); a
     non-deterministic one takes it only while fewer than
     :data:`PLAIN_MIN_LONG_PAIRS` (document, value head) pairs have a document
-    longer than two segments, else ``0`` (the plain path). ``offsets``: the host
+    longer than one segment, else ``0`` (the plain path). ``offsets``: the host
     document offsets ``[N+1]``.
 
     Raises:
@@ -124,7 +122,7 @@ def choose_segment_size(segment_size: int | None, offsets, HV: int, *, determini
     S = resolve_segment_size(segment_size, chunk_size)
     if segment_size is not None or deterministic:
         return S
-    long_docs = sum(1 for a, b in zip(offsets[:-1], offsets[1:]) if b - a > 2 * S)
+    long_docs = sum(1 for a, b in zip(offsets[:-1], offsets[1:]) if b - a > S)
     return S if long_docs * HV < PLAIN_MIN_LONG_PAIRS else 0
 
 

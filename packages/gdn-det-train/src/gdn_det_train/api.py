@@ -46,7 +46,7 @@ def chunk_gated_delta_rule_det(
     repeated calls and other processes give identical bits. ``workspace``: a
     :class:`DetWorkspace` the backward reuses.
 
-    ``segment_size`` (default 1024; a multiple of 64, or 0 for none): documents
+    ``segment_size`` (default 4096; a multiple of 64, or 0 for none): documents
     longer than this run as fixed segments of that many tokens — summarised,
     folded in a fixed fp32 order, then run in parallel (the speed-up for long
     documents). The bits depend on it: ``gdn_det_train_kcp`` with

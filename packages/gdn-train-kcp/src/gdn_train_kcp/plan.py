@@ -75,7 +75,7 @@ def partition_kcp(
       boundary) only when no boundary lies within ``doc_slack·T/world_size`` of
       the balanced position;
     * ``"segment"`` — cut only at document starts or on ``segment_size``
-      boundaries of a document (default 1024 tokens).
+      boundaries of a document (default 4096 tokens).
 
     Any ``world_size >= 1`` and any total length work; ranks may get no token.
     """

@@ -43,7 +43,7 @@ from fractions import Fraction
 
 import torch
 
-from gdn_core.chunking import CHUNK_SIZE
+from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE
 from gdn_core.typed import ModeTyped
 
 __all__ = [
@@ -59,7 +59,6 @@ __all__ = [
 
 BOUNDARIES = ("even", "chunk", "doc", "segment")
 DEFAULT_DOC_SLACK = 0.125
-DEFAULT_SEGMENT_SIZE = 1024
 PLAN_FORMAT = 1
 
 
