@@ -157,10 +157,14 @@ def test_gloo_segment_worlds_under_the_triton_interpreter(world_size):
             _assert_equal(ranks[0]["simulated"], single, what + " (simulated)")
 
 
-def test_other_policies_with_segments_inside_ranks():
+def test_other_policies_with_segments_inside_ranks(monkeypatch):
     """Other policies keep their guarantees when fragments are longer than a
     segment (the local path then runs segments; the pass-through rank's extra
-    backward slices its saved segments): close to one rank, and world 1 bitwise."""
+    backward slices its saved segments): close to one rank, and world 1 bitwise.
+    The default segment size is set to 1024 here to keep the shapes small."""
+    import gdn_core.segment
+
+    monkeypatch.setattr(gdn_core.segment, "DEFAULT_SEGMENT_SIZE", 1024)
     boundary, world = "even", 3
     case = dict(offsets=[0, 30, 3330, 3400], boundary=boundary, exchange="ring", l2=True)
     t = W.make_inputs(case)
