@@ -16,11 +16,11 @@ Given ``dW`` and ``dU`` (= ``dV'``), with ``e_ij = exp(G_i − G_j)``::
 no ``K Kᵀ`` tile is formed.) One program per (chunk, value head), three phases
 that each keep at most two 64×64 fp32 tiles live:
 
-1. one pass over ``dW, K`` then ``dU, V`` in 32-column blocks accumulates
+1. one pass over ``dW, K`` then ``dU, V`` in 64-column blocks accumulates
    ``dT`` and writes ``dv`` (the only pass over ``dU`` and ``V``);
 2. ``E'`` from two 64×64×64 products; ``E'ᵀ`` goes through this program's slot
    of a global scratch (store, CTA barrier, load through swapped strides);
-3. one pass over ``K, dW`` in 32-column blocks accumulates ``C`` then ``D`` in a
+3. one pass over ``K, dW`` in 64-column blocks accumulates ``C`` then ``D`` in a
    single accumulator and updates ``dk``.
 
 Triton 3.6 on Hopper miscompiles ``tl.trans`` of a ``tl.dot`` result fed to
@@ -29,7 +29,7 @@ operands are loaded tiles (``tl.trans`` of a load is a shared-memory view) or
 come back through memory. Tile offsets are 32-bit from scalar 64-bit bases, ``T``
 is loaded with a row-only mask (vectorised loads), and ``G`` is loaded after
 the ``dv`` stores so its broadcasts are not live through phase 1: for bf16
-K=V=128 ptxas (sm_90, Triton 3.6.0) reports 168 registers (the pinned cap; 163
+K=V=128 with 32-column blocks (before the pinned 64; not re-taken since) ptxas (sm_90, Triton 3.6.0) reports 168 registers (the pinned cap; 163
 uncapped), no spills, 2424 SASS instructions and 32 KiB of shared memory: three
 CTAs per SM, against 255 registers, 184 bytes of spills and 4552 instructions
 (two CTAs per SM) for the previous two-orientation kernel.
@@ -192,12 +192,14 @@ def _wy_bwd_kernel(
 
 
 def wy_bwd_config(K: int, V: int) -> dict:
-    """Pinned launch configuration: 32-column blocks, ``num_stages=2`` and a
-    168-register cap (three CTAs per SM); ptxas reports no spills under the cap for
-    16-bit K/V = 128/128, 64/256, 256/64, 80/112 and 256/256 (see the module docstring)."""
+    """Pinned launch configuration: 64-column blocks, ``num_stages=2`` and a
+    168-register cap. H200, bf16 K=V=128, B1 T32768 H16 8 documents
+    (``benchmarks/kernel_variants.py``, 2026-12-01): 0.575 ms a call against 0.734 with
+    32-column blocks (the same ``dk`` bits), 1.09 ms at 8 warps; 64 is also the width
+    Triton 3.6 gets right in every measured kernel (:mod:`gdn_core.ops.tiles`)."""
     return {
-        "BK": dot_tile(K, 32),
-        "BV": dot_tile(V, 32),
+        "BK": dot_tile(K, 64),
+        "BV": dot_tile(V, 64),
         "num_warps": 4,
         "num_stages": 2,
         "maxnreg": 168,
