@@ -26,13 +26,13 @@ that each keep at most two 64×64 fp32 tiles live:
 Triton 3.6 on Hopper miscompiles ``tl.trans`` of a ``tl.dot`` result fed to
 another dot, so no dot result is ever transposed in registers: transposed
 operands are loaded tiles (``tl.trans`` of a load is a shared-memory view) or
-come back through memory. Tile offsets are 32-bit from scalar 64-bit bases, ``T``
-is loaded with a row-only mask (vectorised loads), and ``G`` is loaded after
-the ``dv`` stores so its broadcasts are not live through phase 1: for bf16
-K=V=128 with 32-column blocks (before the pinned 64; not re-taken since) ptxas (sm_90, Triton 3.6.0) reports 168 registers (the pinned cap; 163
-uncapped), no spills, 2424 SASS instructions and 32 KiB of shared memory: three
-CTAs per SM, against 255 registers, 184 bytes of spills and 4552 instructions
-(two CTAs per SM) for the previous two-orientation kernel.
+come back through memory. Tile offsets are 32-bit from scalar 64-bit bases, ``T`` is
+loaded with a row-only mask (vectorised loads), and ``G`` is loaded after the ``dv``
+stores so its broadcasts are not live through phase 1: for bf16 K=V=128 with 32-column
+blocks (before the pinned 64; not re-taken since) ptxas (sm_90, Triton 3.6.0) reports
+168 registers (the pinned cap; 163 uncapped), no spills, 2424 SASS instructions and 32
+KiB of shared memory: three CTAs per SM, against 255 registers, 184 bytes of spills and
+4552 instructions (two CTAs per SM) for the previous two-orientation kernel.
 
 The kernel then adds the per-K-block dG partials of the dQ/dK stage (in a
 fixed order), takes the reverse within-chunk cumulative sum (``dg_t =
