@@ -138,9 +138,9 @@ def test_default_segment_size_by_mode():
     long_doc = S + 1
     few = [0, long_doc, long_doc + S]  # one long document (and one of exactly S tokens)
     many = [i * long_doc for i in range(5)]  # four long documents
-    assert PLAIN_MIN_LONG_PAIRS == 64
-    for offs, HV, nondet in ((few, 32, S), (few, 63, S), (few, 64, 0),
-                             (many, 15, S), (many, 16, 0), ([0, S], 256, S)):
+    assert PLAIN_MIN_LONG_PAIRS == 32
+    for offs, HV, nondet in ((few, 16, S), (few, 31, S), (few, 32, 0),
+                             (many, 7, S), (many, 8, 0), ([0, S], 256, S)):
         assert choose_segment_size(None, offs, HV, deterministic=True) == DEFAULT_SEGMENT_SIZE
         assert choose_segment_size(None, offs, HV, deterministic=False) == nondet, (offs, HV)
         for explicit in (0, 128):

@@ -77,13 +77,13 @@ __all__ = [
 
 #: ``segment_size=None`` in a non-deterministic call keeps the plain path once at
 #: least this many (document, value head) pairs have a document longer than one
-#: segment: the plain recurrence then runs ``pairs × V/BV`` programs, about two per
-#: SM of the H200, and the segment path's extra passes (a summary pass, a fold, a
-#: second state pass each way) only cost. H200, fwd+bwd, S = 4096 vs no segments
-#: (2026-12-01): B1 T8192 H16 (16 such pairs) 1.72 vs 1.87 ms and B1 T32768 H16
-#: (16) 4.99 vs 5.31 (``profile_gdn.py``); B4 T8192 H16 (64) 3.99 vs 3.71
-#: (``bench_gdn_train.py``).
-PLAIN_MIN_LONG_PAIRS = 64
+#: segment: the plain recurrence then has enough programs (``pairs × V/BV``) that the
+#: segment path's extra passes (a summary pass, a fold, a second state pass each way)
+#: only cost. H200, fwd+bwd ms, segments of 4096 vs none (2026-12-01): 16 such pairs
+#: (B1 T8192 H16, B1 T32768 H16) 1.72 vs 1.87 and 4.99 vs 5.31 (``profile_gdn.py``);
+#: 48 (B1 T32768 H16, 8 documents, 3 longer than 4096) 4.57 vs 4.41 and 64 (B4 T8192
+#: H16) 3.99 vs 3.70 (``bench_gdn_train.py``).
+PLAIN_MIN_LONG_PAIRS = 32
 
 
 def resolve_segment_size(segment_size: int | None, chunk_size: int = CHUNK_SIZE) -> int:

@@ -51,7 +51,7 @@ def chunk_gated_delta_rule(
     this run as fixed segments of that many tokens — summarised, folded, then
     run in parallel: faster for a few long documents, slower where the batch
     already fills the GPU. Default ``None``: segments of 4096 only while fewer
-    than 64 (document, value head) pairs have a document longer than 4096
+    than 32 (document, value head) pairs have a document longer than 4096
     tokens (:func:`gdn_core.segment.choose_segment_size`), else none. A
     :class:`~gdn_core.layout.VarlenLayout` runs without segments
     (``segment_size`` must be ``None`` or ``0``). Raises ``ValueError`` for any
