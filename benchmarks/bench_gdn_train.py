@@ -70,7 +70,7 @@ ANCHOR_FLA_MS: dict[str, tuple[float, float]] = {
 # autotuned arms (fla, nondet) reuse the configs tuned for the timed shapes
 # instead of autotuning afresh (minutes of compiling for fla on Triton 3.6).
 DEFAULT_ACC_SHAPES = {
-    "cuda": "B1,T512,H16;B1,T512,H16,HV32,D3",
+    "cuda": "B1,T512,H16;B1,T5000,H16;B1,T512,H16,HV32,D3",  # T5000: two segments
     "cpu": "B1,T128,H2,K32,V32;B1,T128,H1,HV2,K32,V32,D3",
 }
 PRESETS = {"anchors": ANCHOR_SHAPES}

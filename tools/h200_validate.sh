@@ -53,7 +53,7 @@ cat "$OUT/env.txt"
 # Two benchmark halves: fixed-length shapes, and packed documents (fla autotunes
 # once per shape class, ~100 s each; the accuracy case follows its class).
 HALF_A="B1,T8192,H16;B1,T32768,H16;B4,T8192,H16"
-ACC_A="B1,T512,H16"
+ACC_A="B1,T512,H16;B1,T5000,H16"  # T5000: two segments of the default 4096
 HALF_B="B1,T32768,H16,D8;B1,T65536,H16,D16;B1,T32768,H16,HV32,D8"
 ACC_B="B1,T512,H16,HV32,D3"
 LAST=$((NCPU - 1)); MID=$((NCPU / 2))
