@@ -28,7 +28,7 @@
 # fixed-shape half (timed runs on their own GPU and cores, never beside each other);
 # KERNEL_TIMEOUT bounds each of those scripts, SPLIT_PROFILE=0 leaves the profile out
 # (PROFILE_SHAPES, PROFILE_SEGMENTS, PROFILE_TIMEOUT shape it), SPLIT_DEMO=0 the NCCL demo.
-# STAGES=pair (x2, ~520 s): GPU 0 the fixed-shape half then the simulated KCP worlds
+# STAGES=pair (x2, ~290 s): GPU 0 the fixed-shape half then the simulated KCP worlds
 # (KCP_TIMEOUT each); GPU 1 the packed-document half then profile_gdn.py over
 # PROFILE_SHAPES x PROFILE_SEGMENTS. BENCH_ARMS picks the benchmark's arms.
 set -u
@@ -100,6 +100,17 @@ bench_half() {  # name shapes acc gpu cores
   echo "bench $1 exit $?"
 }
 
+show_bench() {  # the two halves' Markdown tables
+  for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -24; done
+}
+
+run_profile() {  # gpu cores default-shapes default-segments: profile_gdn.py (PROFILE_* override)
+  CUDA_VISIBLE_DEVICES=$1 timeout "${PROFILE_TIMEOUT:-120}" taskset -c "$2" \
+    python3 benchmarks/profile_gdn.py --shapes "${PROFILE_SHAPES:-$3}" \
+    --segments "${PROFILE_SEGMENTS:-$4}" --iters 10 --rows 12 > "$OUT/profile.txt" 2>&1
+  echo "profile exit $?"
+}
+
 run_bench() {
   if [[ $NGPU -ge 2 ]]; then  # each half alone on its GPU and cores
     bench_half a "$HALF_A" "$ACC_A" 0 "0-$((MID - 1))" &
@@ -109,7 +120,7 @@ run_bench() {
     bench_half a "$HALF_A" "$ACC_A" 0 "0-$LAST"
     bench_half b "$HALF_B" "$ACC_B" 0 "0-$LAST"
   fi
-  for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -20; done
+  show_bench
 }
 
 run_kcp() {
@@ -150,18 +161,14 @@ run_split() {  # two GPUs, one budgeted call: GPU 0 tests then half b; GPU 1 ker
       echo "timing $f exit $?"
     done
     if [[ ${SPLIT_PROFILE:-1} == 1 ]]; then
-      CUDA_VISIBLE_DEVICES=1 timeout "${PROFILE_TIMEOUT:-120}" taskset -c "$C-$LAST" \
-        python3 benchmarks/profile_gdn.py \
-        --shapes "${PROFILE_SHAPES:-1x8192x16x1,4x8192x16x1,1x32768x16x1,1x65536x16x16}" \
-        --segments "${PROFILE_SEGMENTS:-1024,0}" --iters 10 --rows 12 > "$OUT/profile.txt" 2>&1
-      echo "profile exit $?"
+      run_profile 1 "$C-$LAST" 1x8192x16x1,4x8192x16x1,1x32768x16x1,1x65536x16x16 1024,0
     fi
     bench_half a "$HALF_A" "$ACC_A" 1 "$C-$LAST"
   ) &
   TEST_GPU=0 TEST_CORES="0-$((C - 1))" run_tests  # (so the NCCL worlds skip: GPU 1 is timing)
   bench_half b "$HALF_B" "$ACC_B" 0 "0-$((C - 1))"
   wait
-  for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -20; done
+  show_bench
   if [[ $NGPU -ge 2 && ${SPLIT_DEMO:-1} == 1 ]]; then  # the README's demo, one rank per GPU (NCCL)
     timeout 150 python3 -m gdn_det_train_kcp.demo --device cuda > "$OUT/demo_nccl.log" 2>&1
     echo "demo over NCCL exit $?"; tail -4 "$OUT/demo_nccl.log"
@@ -172,15 +179,12 @@ run_pair() {  # two GPUs, one budgeted call: GPU 0 half a then the KCP worlds; G
   local C=$MID
   (
     bench_half b "$HALF_B" "$ACC_B" 1 "$C-$LAST"
-    CUDA_VISIBLE_DEVICES=1 timeout "${PROFILE_TIMEOUT:-120}" taskset -c "$C-$LAST" \
-      python3 benchmarks/profile_gdn.py --shapes "${PROFILE_SHAPES:-1x32768x16x1,1x65536x16x16}" \
-      --segments "${PROFILE_SEGMENTS:-1024,4096,0}" --iters 10 --rows 12 > "$OUT/profile.txt" 2>&1
-    echo "profile exit $?"
+    run_profile 1 "$C-$LAST" 1x32768x16x1,1x65536x16x16 1024,4096,0
   ) &
   bench_half a "$HALF_A" "$ACC_A" 0 "0-$((C - 1))"
   CUDA_VISIBLE_DEVICES=0 KCP_TIMEOUT=${KCP_TIMEOUT:-70} run_kcp
   wait
-  for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -24; done
+  show_bench
 }
 
 # One stage after another: nothing shares a GPU with a timed run.

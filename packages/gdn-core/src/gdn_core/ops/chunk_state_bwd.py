@@ -207,7 +207,8 @@ def chunk_state_bwd(
         dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=k.device)
     elif dh0.dtype != torch.float32 or tuple(dh0.shape) != (N, HV, K, V) or not dh0.is_contiguous():
         raise ValueError(f"dh0 must be a contiguous fp32 [N, HV, K, V] = {(N, HV, K, V)}, "
-                         f"got {dh0.dtype} {tuple(dh0.shape)}")
+                         f"got {dh0.dtype} {tuple(dh0.shape)} "
+                         f"(contiguous={dh0.is_contiguous()})")
     if N == 0:
         return dh, dv, dh0
     if dht is not None:
