@@ -130,6 +130,10 @@ def _child(argv: list[str]) -> None:
         payload = torch.load(os.path.join(tmp, "payload.pt"), weights_only=False)
         result = getattr(module, function)(rank, world_size, payload)
         torch.save(result, os.path.join(tmp, f"result{rank}.pt"))
+        # Every rank done before any tears down: one gloo rank aborted at teardown
+        # ("terminate called without an active exception", exit -6) in a fresh-clone
+        # CI run of 2026-12-01, after saving its result.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
