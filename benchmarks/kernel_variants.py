@@ -11,10 +11,7 @@ T32768 H16 K=V=128 with 1 and 8 documents (``common.time_fn``: CUDA-event median
 from the pinned result (Triton 3.6 gets some narrow blocks wrong on Hopper:
 ``gdn_core.ops.tiles``; a variant is only a candidate if it agrees).
 
-    python benchmarks/kernel_variants.py [--kernels state_out,state_then_out,state_fwd,...]
-
-``state_out`` is the fused state + output forward kernel; ``state_then_out`` the
-two kernels it replaces, timed together (pinned only), for the ratio.
+    python benchmarks/kernel_variants.py [--kernels state_fwd,state_bwd,wy_bwd]
 
 ``--check`` runs every variant once, untimed, on a small problem: with
 ``TRITON_INTERPRET=1 ... --check --device cpu`` it checks the plumbing without a GPU.
@@ -79,16 +76,7 @@ def _problem(T: int, docs: int, device: str) -> dict:
 
 def _kernels(p: dict) -> dict:
     """name -> (config module, config function name, call, variants)."""
-    from gdn_core.ops import chunk_state, chunk_state_bwd, output, state_output, wy_bwd
-
-    def state_output_fused():
-        return state_output.chunk_state_output_fwd(p["q"], p["k"], p["W"], p["U"], p["G"],
-                                                   p["scale"], p["index"], 1)[0]
-
-    def state_then_output():  # the two kernels the fused one replaces
-        h, v_new, _ = chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)
-        return output.chunk_output_fwd(p["q"], p["k"], v_new, h, p["G"], p["scale"],
-                                       p["index"], 1)
+    from gdn_core.ops import chunk_state, chunk_state_bwd, wy_bwd
 
     def state_fwd():
         return chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)[0]
@@ -104,14 +92,6 @@ def _kernels(p: dict) -> dict:
 
     grid = itertools.product
     return {
-        "state_out": (state_output, "state_output_config", state_output_fused,
-                      # 1 stage: less shared memory, two programs an SM
-                      [dict(BV=32, num_warps=4, num_stages=1),
-                       dict(BV=32, num_warps=4, num_stages=2),
-                       dict(BV=64, num_warps=4, num_stages=1),
-                       dict(BV=128, num_warps=8, num_stages=1),
-                       dict(BV=128, num_warps=8, num_stages=2)]),
-        "state_then_out": (chunk_state, "chunk_state_config", state_then_output, []),
         "state_fwd": (chunk_state, "chunk_state_config", state_fwd,
                       [dict(BV=bv, num_warps=w, num_stages=s)  # 4/8 warps x 2/3 stages:
                        for bv, w, s in grid((32, 64), (2, 4), (3, 4))]),  # results/…-s5-…

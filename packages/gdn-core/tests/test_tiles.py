@@ -40,3 +40,13 @@ def test_state_backward_at_k256_uses_64_columns_on_8_warps():
     cfg = chunk_state_bwd_config(256, 64)
     assert (cfg["BK"], cfg["BV"], cfg["num_warps"]) == (256, 64, 8)
     assert chunk_state_bwd_config(128, 128)["BV"] == 32  # validated at K <= 128
+
+
+@pytest.mark.parametrize("K,V", [(16, 16), (48, 16), (128, 128), (256, 64), (64, 256)])
+def test_state_config_with_many_programs_keeps_whole_k_and_no_16_wide_blocks(K, V):
+    for programs in (0, 127, 128, 4096):
+        cfg = chunk_state_config(K, V, 2, programs=programs)
+        assert cfg["BK"] >= K and cfg["BV"] >= 32, cfg
+    assert chunk_state_config(128, 128, 2, programs=128)["BV"] == 64
+    assert chunk_state_config(128, 128, 2, programs=127)["BV"] == 32
+    assert chunk_state_config(128, 128, 4, programs=4096)["BV"] == 32  # fp32 unchanged

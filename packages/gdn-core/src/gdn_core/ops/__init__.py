@@ -12,9 +12,6 @@ chunks of 64 tokens given by a :class:`gdn_core.chunking.ChunkIndex`):
 4. :mod:`~gdn_core.ops.chunk_state` — ``chunk_state_fwd``: states entering
    each chunk, ``v_new = U − W S``, final states.
 5. :mod:`~gdn_core.ops.output` — ``chunk_output_fwd``: the chunk outputs.
-   :mod:`~gdn_core.ops.state_output` — ``chunk_state_output_fwd``: stages 4
-   and 5 in one kernel, no chunk states in HBM. Not yet the forward's path:
-   on the H200 it is no faster than the pair (``benchmarks/results/README.md``).
 6. :mod:`~gdn_core.ops.forward` — ``gdn_forward_triton``: the composed forward.
 
 Every launcher is registered with :func:`gdn_core.ops.registry.launcher`;
@@ -28,7 +25,6 @@ from gdn_core.ops.forward import ForwardTensors, gdn_forward_triton
 from gdn_core.ops.l2norm import l2norm_bwd, l2norm_fwd
 from gdn_core.ops.output import chunk_output_fwd
 from gdn_core.ops.registry import launcher, record_launches, registered_launchers
-from gdn_core.ops.state_output import chunk_state_output_fwd
 from gdn_core.ops.wy import inverse_for_backward, wy_apply, wy_fwd
 
 __all__ = [
@@ -37,7 +33,6 @@ __all__ = [
     "chunk_cumsum_rev",
     "chunk_output_fwd",
     "chunk_state_fwd",
-    "chunk_state_output_fwd",
     "gdn_forward_triton",
     "inverse_for_backward",
     "l2norm_bwd",

@@ -139,7 +139,7 @@ def _chunk_state_fwd_kernel(
         tl.store(ht + (i_n * HV + i_hv).to(tl.int64) * K * V + s_off, S, mask=m_kv)
 
 
-def chunk_state_config(K: int, V: int, elem_bytes: int = 2) -> dict[str, int]:
+def chunk_state_config(K: int, V: int, elem_bytes: int = 2, programs: int = 0) -> dict[str, int]:
     """Pinned launch configuration of the state kernel for head dims ``K, V``.
 
     ``BK`` covers all of ``K`` (the state's rows live in one tile); ``BV``
@@ -150,8 +150,18 @@ def chunk_state_config(K: int, V: int, elem_bytes: int = 2) -> dict[str, int]:
     (with 2 they are issued after chunk ``c``'s dots and waited on at once).
     Three stages fit in shared memory for 16-bit inputs (``elem_bytes=2``) up
     to ``BK = 128``; fp32 inputs and ``BK = 256`` keep two.
+
+    ``programs`` (documents × value heads of the launch): from 128 on, 16-bit
+    inputs at ``BK = 128`` take ``BV = 64`` on 4 warps — on the H200 0.421 against
+    0.457 ms at B1 T32768 H16 with 8 documents, where one document (16 programs)
+    runs 0.66× as fast (``benchmarks/results/2026-12-01-h200-s7-fused-forward-probes.md``,
+    ``…-s5-kernel-variants.txt``). Value columns are independent, so the bits
+    are the same at either width: a document's result does not depend on how
+    many others share its launch (partition invariance).
     """
     BK = dot_tile(K, 256)
+    if BK == 128 and elem_bytes <= 2 and V <= 128 and programs >= 128:
+        return {"BK": BK, "BV": dot_tile(V, 64), "num_warps": 4, "num_stages": 3}
     BV = dot_tile(V, 32 if BK >= 128 else 64)
     num_warps = 4 if BK * BV <= 64 * 64 else 8
     stages = 3 if BK <= 128 and elem_bytes <= 2 else 2
@@ -263,7 +273,7 @@ def chunk_state_fwd(
                 if identity_state:
                     final[..., VU:].copy_(torch.eye(K, dtype=torch.float32, device=dev))
         return h, v_new, final
-    cfg = chunk_state_config(K, V, k.element_size())
+    cfg = chunk_state_config(K, V, k.element_size(), programs=N * HV)
     grid = (triton.cdiv(V, cfg["BV"]), N, HV)
     _chunk_state_fwd_kernel[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,
