@@ -224,10 +224,28 @@ def _patch_fla(info: dict[str, Any]) -> None:
         info["patch"] = "fla.ops.common.chunk_o has no TRITON_ABOVE_3_7_1 (nothing patched)"
 
 
+def _isolate(spec: ArmSpec) -> None:
+    """Set the arm's ``FLA_*`` switches and block its packages in this process.
+
+    Done wherever the arm is loaded (its own process here, or e.g. profile_gdn.py),
+    so that ``fla`` always means fla's own Triton kernels.
+    """
+    for key, value in spec.env:
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+    try:
+        anchors.block_imports(spec.block)
+    except RuntimeError as exc:
+        raise ArmUnavailable(f"arm {spec.name!r}: {exc} (it must be loaded before them)") from exc
+
+
 def load_arm(name: str, device: torch.device) -> LoadedArm:
     spec = ARMS[name]
     if spec.cuda_only and device.type != "cuda":
         raise ArmUnavailable(f"arm {name!r} ({spec.what}) needs a CUDA GPU; running on {device}")
+    _isolate(spec)
     top = spec.module.split(".")[0]
     try:
         if spec.kind in ("fla", "flashqla"):
@@ -834,17 +852,10 @@ def _arm_process_main(args: argparse.Namespace, device: torch.device, shapes: li
     """An anchor's own process: block, load, report status, wait for ``go``, run, write JSON."""
     global LOG_PREFIX
     name = args.arm_names[0]
-    spec = ARMS[name]
     LOG_PREFIX = f"[{name}] "
-    for key, value in spec.env:
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
     try:
-        anchors.block_imports(spec.block)
         arm = load_arm(name, device)
-    except (ArmUnavailable, RuntimeError) as exc:
+    except ArmUnavailable as exc:
         anchors.send_status({"ok": False, "reason": str(exc)})
         return 0
     anchors.send_status({"ok": True, "info": arm.info})
