@@ -155,13 +155,17 @@ class FlaDispatchRecorder:
 
 
 def describe_fla_path(messages: list[str], flashqla: dict[str, Any] | None) -> str:
-    """One line: which implementation fla's ``chunk_gated_delta_rule`` ran."""
+    """One line: which implementation fla's ``chunk_gated_delta_rule`` ran.
+
+    ``flashqla`` is what the FlashQLA hook saw during the same call: not None
+    means FlashQLA ran, whatever fla's log says.
+    """
     taken = [m for m in messages if "rejected" not in m]
     gdn = [m for m in taken if ".chunk_gated_delta_rule ->" in m]
-    if gdn:
-        backend = gdn[0].rsplit("->", 1)[1].strip()
+    if gdn or flashqla is not None:
+        backend = gdn[0].rsplit("->", 1)[1].strip() if gdn else "flash_qla (seen by its hook)"
         text = f"fla dispatched to {backend}"
-        if backend == "flash_qla" and flashqla:
+        if flashqla is not None:
             text += f" ({flashqla['mode']})"
         return text
     others = [m.rsplit(".", 1)[-1] for m in taken]
@@ -189,14 +193,17 @@ class FlashQLAModeRecorder:
     """
 
     def __init__(self) -> None:
-        self.module = importlib.import_module(FLASHQLA_CHUNK_MODULE)
-        self.original = self.module.build_cp_context
+        self.module = importlib.import_module(FLASHQLA_CHUNK_MODULE)  # ImportError: no FlashQLA
+        # Missing in another FlashQLA version: the arm still runs, its mode is "unknown".
+        self.original = getattr(self.module, "build_cp_context", None)
         self.contexts: list[Any] = []
         self.calls: list[dict[str, Any]] = []
 
     def begin(self) -> None:
         self.contexts.clear()
         self.calls.clear()
+        if self.original is None:
+            return
 
         def recording(*args, **kwargs):
             ctx = self.original(*args, **kwargs)
@@ -208,10 +215,15 @@ class FlashQLAModeRecorder:
         self.module.build_cp_context = recording
 
     def end(self) -> dict[str, Any] | None:
+        if self.original is None:
+            return None
         self.module.build_cp_context = self.original
         if not self.contexts:
             return None
-        return describe_flashqla_context(self.contexts[0], self.calls[0])
+        try:
+            return describe_flashqla_context(self.contexts[0], self.calls[0])
+        except Exception as exc:  # noqa: BLE001 - a changed context class: say so, keep timing
+            return {"mode": f"unknown ({type(exc).__name__}: {exc})", "exact": None}
 
 
 def describe_flashqla_context(ctx: Any, call: dict[str, Any]) -> dict[str, Any]:

@@ -287,6 +287,9 @@ def load_arm(name: str, device: torch.device) -> LoadedArm:
                                    and anchors.importable("flash_qla")):
         try:
             loaded.qla_mode = anchors.FlashQLAModeRecorder()
+            if loaded.qla_mode.original is None:
+                info["flashqla_mode_unknown"] = (f"{anchors.FLASHQLA_CHUNK_MODULE} has no "
+                                                 "build_cp_context to watch")
         except Exception as exc:  # noqa: BLE001 - the arm still runs; say why no mode is known
             if spec.kind == "flashqla":
                 raise ArmUnavailable(
@@ -326,7 +329,8 @@ def probe_path(arm: LoadedArm, inputs: common.GDNInputs, out: dict[str, Any]) ->
             out["fla_backend_log"] = log_lines
             out["path"] = anchors.describe_fla_path(log_lines, mode)
         else:
-            out["path"] = "FlashQLA: " + (mode["mode"] if mode else "mode unknown")
+            out["path"] = "FlashQLA: " + (mode["mode"] if mode else
+                                          "mode unknown (its CP context was not seen)")
         if mode is not None:
             out["flashqla"] = mode
 
