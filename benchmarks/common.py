@@ -7,7 +7,8 @@ import it as ``common`` (they put their own folder on ``sys.path``):
   to the checkout's ``packages/*/src`` when it is not installed.
 * :class:`GDNShape`, :func:`parse_shapes`, :func:`doc_lengths`,
   :func:`make_gdn_inputs` — problem sizes written like ``B1,T8192,H16,HV32,D8``
-  and seeded, layer-like inputs for them (packed documents of varied length).
+  and seeded, layer-like inputs for them (packed documents of varied length);
+  :func:`with_anchor_gate` — the same with DESIGN.md §6's g and beta.
 * :func:`time_fn`, :class:`Timing` — median-of-N timing with CUDA events (host
   clock on CPU), with an optional L2 flush between iterations.
 * :class:`MemoryTracker` — peak device memory of a region above its baseline.
@@ -60,6 +61,7 @@ __all__ = [
     "parse_shapes",
     "rel_err",
     "time_fn",
+    "with_anchor_gate",
     "write_json",
 ]
 
@@ -356,6 +358,34 @@ def make_gdn_inputs(
         g=cast(g, g_dtype or dtype), beta=cast(beta, dtype), do=do.to(dtype),
         cu_seqlens=cu, offsets=offsets, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
         meta={"seed": seed, "doc_lengths": lengths if shape.D > 1 else None},
+    )
+
+
+def with_anchor_gate(inputs: GDNInputs, *, seed: int = 0) -> GDNInputs:
+    """``inputs`` with g and beta redrawn as DESIGN.md §6's anchor figures were measured.
+
+    ``g = logsigmoid(N(0, 1)) / 16`` (per token ≈ −0.05 on average: every head
+    decays at the same moderate rate) and ``beta = sigmoid(U(0, 1))``, drawn in
+    fp32 by a generator on the inputs' device seeded from ``seed``, then cast
+    to the dtypes (and ``requires_grad``) of the g and beta they replace. q, k,
+    v, ``do`` and the documents are kept.
+    """
+    device = inputs.g.device
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed + 0x5EED)
+    size = tuple(inputs.g.shape)
+    g = F.logsigmoid(torch.randn(*size, generator=gen, device=device, dtype=torch.float32)) / 16
+    beta = torch.sigmoid(torch.rand(*size, generator=gen, device=device, dtype=torch.float32))
+
+    def like(t: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+        t = t.to(old.dtype).contiguous()
+        return t.requires_grad_(True) if old.requires_grad else t
+
+    return GDNInputs(
+        shape=inputs.shape, q=inputs.q, k=inputs.k, v=inputs.v, g=like(g, inputs.g),
+        beta=like(beta, inputs.beta), do=inputs.do, cu_seqlens=inputs.cu_seqlens,
+        offsets=list(inputs.offsets), use_qk_l2norm_in_kernel=inputs.use_qk_l2norm_in_kernel,
+        meta={**inputs.meta, "gate": "anchor: g = logsigmoid(randn)/16, beta = sigmoid(rand)"},
     )
 
 

@@ -6,7 +6,13 @@
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
 # .whl/ must hold fla-core's wheel (python3 -m pip download --no-deps
-# fla-core==0.6.0 -d .whl). STAGES picks the parts ("sanitize tests shapes bench
+# fla-core==0.6.0 -d .whl), or all the anchors' wheels (../shared/tools/fetch-anchor-wheels.sh:
+# fla-core, flash-qla, tilelang); they go to /tmp/site. FlashQLA's dependencies (.whl-base/, too
+# large to carry with .whl) are installed by an earlier call of their own into /tmp/site-base,
+# which this script puts on PYTHONPATH when it exists and never reinstalls (benchmarks/README.md).
+# BENCH_COMPARE picks the benchmark's anchors (default "fla"; e.g. "fla flashqla flashqla-exact";
+# each runs in its own process; BENCH_TIMEOUT must cover TileLang's first compiles, 10-35 s a kernel).
+# STAGES picks the parts ("sanitize tests shapes bench
 # variants kcp nccl", "split"); "variants" times benchmarks/kernel_variants.py;
 # "sanitize" runs compute-sanitizer on the two shapes that hit an illegal address
 # on 2026-11-30 (it names the faulting kernel);
@@ -38,14 +44,33 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STAGES=${STAGES:-"tests bench"}
 TEST_TIMEOUT=${TEST_TIMEOUT:-300}
 BENCH_TIMEOUT=${BENCH_TIMEOUT:-280}
-python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/site .whl/*.whl
+else
+  echo "no .whl/*.whl here: using /tmp/site as it is"
+fi
 SRC=$(ls -d "$PWD"/packages/*/src | tr '\n' ':')
 export PYTHONPATH="${SRC}/tmp/site"
+if [[ -d /tmp/site-base ]]; then export PYTHONPATH="$PYTHONPATH:/tmp/site-base"; fi
+BENCH_COMPARE=${BENCH_COMPARE:-fla}
+COMPARE_ARGS=()
+for c in $BENCH_COMPARE; do COMPARE_ARGS+=(--compare "$c"); done
+if [[ $BENCH_COMPARE == *flashqla* || $BENCH_COMPARE == *fla-dispatch* || $BENCH_COMPARE == *fla-tilelang* ]] \
+   && [[ ! -d /tmp/site-base ]]; then
+  echo "warning: BENCH_COMPARE=\"$BENCH_COMPARE\" but no /tmp/site-base: FlashQLA's dependencies" \
+    "(.whl-base) were not installed by an earlier call; its arms will be skipped or fail to load"
+fi
 NGPU=$(python3 -c "import torch; print(torch.cuda.device_count())")
 NCPU=$(nproc)
 {
   nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,memory.total --format=csv
   python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  python3 -c "
+import importlib.metadata as m
+for d in ('fla-core', 'flash-qla', 'tilelang', 'apache-tvm-ffi', 'torch-c-dlpack-ext', 'z3-solver'):
+    try: print(d, m.version(d))
+    except m.PackageNotFoundError: print(d, 'absent')"
+  echo "PYTHONPATH=$PYTHONPATH"
   echo "gpus $NGPU cpus $NCPU"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
@@ -94,14 +119,19 @@ run_sanitize() {  # the two shapes that hit an illegal address on 2026-11-30, un
 
 bench_half() {  # name shapes acc gpu cores
   timeout "$BENCH_TIMEOUT" env CUDA_VISIBLE_DEVICES="$4" taskset -c "$5" \
-    python3 benchmarks/bench_gdn_train.py --arms "${BENCH_ARMS:-det,nondet,det-plain}" --compare fla --warmup 5 \
-    --iters 20 --shapes "$2" --acc-shapes "$3" --json "$OUT/bench_gdn_train_$1.json" \
-    > "$OUT/bench_gdn_train_$1.md" 2>&1
+    python3 benchmarks/bench_gdn_train.py --arms "${BENCH_ARMS:-det,nondet,det-plain}" ${COMPARE_ARGS[@]+"${COMPARE_ARGS[@]}"} \
+    --warmup 5 --iters 20 --shapes "$2" --acc-shapes "$3" ${BENCH_EXTRA:-} \
+    --json "$OUT/bench_gdn_train_$1.json" > "$OUT/bench_gdn_train_$1.md" 2>&1
   echo "bench $1 exit $?"
 }
 
-show_bench() {  # the two halves' Markdown tables
-  for h in a b; do grep -E '^\|' "$OUT/bench_gdn_train_$h.md" | head -24; done
+show_bench() {  # the two halves' time, anchor-ratio and path tables (SHOW_TABLES; all in the .md)
+  for h in a b; do
+    grep -E '^- anchors installed' "$OUT/bench_gdn_train_$h.md" | head -1
+    awk -v want="${SHOW_TABLES:-Time and memory|Against the anchors|Which path}" \
+      '/^## /{keep = ($0 ~ want)} keep && /^\|/' "$OUT/bench_gdn_train_$h.md" \
+      | cut -c1-"${SHOW_WIDTH:-200}" | head -"${SHOW_ROWS:-60}"
+  done
 }
 
 run_profile() {  # gpu cores default-shapes default-segments: profile_gdn.py (PROFILE_* override)
