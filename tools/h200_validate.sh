@@ -13,7 +13,10 @@
 # BENCH_COMPARE picks the benchmark's anchors (default "fla"; e.g. "fla flashqla flashqla-exact";
 # each runs in its own process; BENCH_TIMEOUT must cover TileLang's first compiles, 10-35 s a kernel).
 # STAGES picks the parts ("sanitize tests shapes bench
-# variants kcp nccl", "split"); "variants" times benchmarks/kernel_variants.py;
+# variants kcp nccl bits hosttime", "split"); "variants" times benchmarks/kernel_variants.py;
+# "bits" compares the deterministic calls' bits of a carried .old/ checkout (git worktree
+# add .old <commit>, carry [".old"]) with this tree's (tools/bits_snapshot.py --backends cuda);
+# "hosttime" runs benchmarks/host_time_gpu.py (HOST_ARMS, default det,nondet; HOST_SHAPE);
 # "sanitize" runs compute-sanitizer on the two shapes that hit an illegal address
 # on 2026-11-30 (it names the faulting kernel);
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
@@ -218,6 +221,24 @@ run_pair() {  # two GPUs, one budgeted call: GPU 0 half a then the KCP worlds; G
 }
 
 # One stage after another: nothing shares a GPU with a timed run.
+run_bits() {  # issue 18: the deterministic calls' bits before (.old: a checkout of the old code,
+  # carried) and after, on the GPU (tools/bits_snapshot.py --backends cuda)
+  local old
+  old=$(ls -d "$PWD"/.old/packages/*/src 2>/dev/null | tr '\n' ':')
+  if [[ -z $old ]]; then echo "bits: no .old/ checkout carried"; return; fi
+  { PYTHONPATH="${old}/tmp/site" timeout "${BITS_TIMEOUT:-240}" \
+      python3 tools/bits_snapshot.py save /tmp/bits_old.pt --backends cuda \
+    && timeout "${BITS_TIMEOUT:-240}" python3 tools/bits_snapshot.py check /tmp/bits_old.pt \
+      --backends cuda; } > "$OUT/bits.log" 2>&1
+  echo "bits exit $?"; tail -4 "$OUT/bits.log"
+}
+
+run_hosttime() {  # issue 18: host time of back-to-back fwd+bwd calls (HOST_ARMS, HOST_SHAPE)
+  timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/host_time_gpu.py --arms "${HOST_ARMS:-det,nondet}" \
+    --shape "${HOST_SHAPE:-1,1024,16}" > "$OUT/host_time.md" 2>&1
+  echo "host time exit $?"; cat "$OUT/host_time.md"
+}
+
 if [[ $STAGES == *split* ]]; then run_split; fi
 if [[ $STAGES == *pair* ]]; then run_pair; fi
 if [[ $STAGES == *tests* ]]; then run_tests; fi
@@ -227,6 +248,8 @@ if [[ $STAGES == *bench* ]]; then run_bench; fi
 if [[ $STAGES == *variants* ]]; then run_variants; fi
 if [[ $STAGES == *kcp* ]]; then run_kcp; fi
 if [[ $STAGES == *nccl* ]]; then run_nccl; fi
+if [[ $STAGES == *bits* ]]; then run_bits; fi
+if [[ $STAGES == *hosttime* ]]; then run_hosttime; fi
 # The device tool brings back a few files only: one archive holds them all.
 tar czf /tmp/h200_out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/h200_out.tgz "$OUT/all.tgz"
 exit 0
