@@ -183,14 +183,16 @@ class GatedDeltaNetBase(nn.Module):
 
 class SingleRankGatedDeltaNet(GatedDeltaNetBase):
     """The GDN layer in one process: ``forward(x, cu_seqlens=None, initial_state=None,
-    output_final_state=False)`` → ``(out [B, T, hidden], final_state or None)``.
+    output_final_state=False, segment_size=None)`` → ``(out [B, T, hidden],
+    final_state or None)``.
 
     ``cu_seqlens [N+1]`` packs ``N`` documents in one row (``B == 1``): no token
     sees another document, through the conv or the recurrence.
     ``initial_state [N, HV, K, V]`` (``N = B`` without ``cu_seqlens``);
-    ``final_state [N, HV, K, V]`` fp32. Here bound to ``gdn_core``'s autograd
-    (the Triton kernels on CUDA, the fp32 reference on CPU), deterministic;
-    the training packages subclass it with their own kernels.
+    ``final_state [N, HV, K, V]`` fp32. ``segment_size``: the kernel's (documents
+    longer than it run as fixed segments; ``None`` its default). Here bound to
+    ``gdn_core``'s autograd (the Triton kernels on CUDA, the fp32 reference on
+    CPU), deterministic; the training packages subclass it with their own kernels.
     """
 
     def _conv1d(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -212,13 +214,15 @@ class SingleRankGatedDeltaNet(GatedDeltaNetBase):
         cu_seqlens: torch.Tensor | list[int] | None = None,
         initial_state: torch.Tensor | None = None,
         output_final_state: bool = False,
+        segment_size: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         def conv(x, weight, bias):
             return self._conv1d(x, weight, bias, cu_seqlens)
 
         def gdn(q, k, v, g, beta):
             return self._gdn(q, k, v, g, beta, initial_state=initial_state,
-                             output_final_state=output_final_state, cu_seqlens=cu_seqlens)
+                             output_final_state=output_final_state, cu_seqlens=cu_seqlens,
+                             segment_size=segment_size)
 
         return self._mix(hidden_states, conv, gdn)
 
