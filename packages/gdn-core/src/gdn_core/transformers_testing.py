@@ -53,18 +53,21 @@ def _step(model: torch.nn.Module, ids: torch.Tensor, opt: torch.optim.Optimizer,
 
 
 def train_side_by_side(switch: Callable[[torch.nn.Module], list[str]], steps: int = 3,
-                       seed: int = 0, shape: tuple[int, int] = (2, 48)) -> list[dict[str, Any]]:
+                       seed: int = 0, shape: tuple[int, int] = (2, 48), *,
+                       device: str = "cpu", dtype: torch.dtype = torch.float32
+                       ) -> list[dict[str, Any]]:
     """Train the model and a ``switch``-ed copy ``steps`` AdamW steps on the same random
     batches → per step ``{"loss", "loss_diff", "grad_diff": {name: max |Δ|},
-    "missing": names with a gradient on one side only, "switched": layer names}``."""
-    ref = tiny_qwen3_next_model(seed)
+    "grad_rel": {name: max |Δ| / max |g|}, "missing": names with a gradient on one
+    side only, "switched": layer names}``."""
+    ref = tiny_qwen3_next_model(seed, dtype).to(device)
     ours = copy.deepcopy(ref)
     switched = switch(ours)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, ours)]
     gen = torch.Generator().manual_seed(seed + 1)
     report = []
     for _ in range(steps):
-        ids = torch.randint(0, ref.config.vocab_size, shape, generator=gen)
+        ids = torch.randint(0, ref.config.vocab_size, shape, generator=gen).to(device)
         loss_r, g_r = _step(ref, ids, opts[0])
         loss_o, g_o = _step(ours, ids, opts[1])
         report.append({
@@ -72,21 +75,26 @@ def train_side_by_side(switch: Callable[[torch.nn.Module], list[str]], steps: in
             "missing": sorted(g_r.keys() ^ g_o.keys()),
             "grad_diff": {n: float((g_o[n] - g).abs().max()) for n, g in g_r.items()
                           if n in g_o},
+            "grad_rel": {n: float((g_o[n] - g).abs().max() / g.abs().max().clamp_min(1e-30))
+                         for n, g in g_r.items() if n in g_o},
         })
     return report
 
 
 def diff_packed_layer(switch: Callable[[torch.nn.Module], list[str]],
-                      lengths: tuple[int, ...] = (20, 7, 45), seed: int = 0) -> float:
+                      lengths: tuple[int, ...] = (20, 7, 45), seed: int = 0, *,
+                      device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
     """A switched GDN layer of :func:`tiny_qwen3_next_model` on packed documents
-    (``cu_seq_lens_q``) against the unswitched layer on each document → max |Δ|."""
-    model = tiny_qwen3_next_model(seed)
+    (``cu_seq_lens_q``) against the unswitched layer on each document → max |Δ|
+    relative to the largest output magnitude."""
+    model = tiny_qwen3_next_model(seed, dtype).to(device)
     layer = model.model.layers[0].linear_attn
     gen = torch.Generator().manual_seed(seed + 2)
-    x = torch.randn(1, sum(lengths), model.config.hidden_size, generator=gen)
-    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    x = torch.randn(1, sum(lengths), model.config.hidden_size, generator=gen).to(device, dtype)
+    offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
+                           device=device)
     with torch.no_grad():
         alone = torch.cat([layer(x[:, a:b]) for a, b in zip(offsets[:-1], offsets[1:])], dim=1)
         switch(model)
         packed = layer(x, cu_seq_lens_q=offsets)
-    return float((packed - alone).abs().max())
+    return float((packed - alone).abs().max() / alone.abs().max())

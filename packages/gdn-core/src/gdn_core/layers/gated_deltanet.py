@@ -160,7 +160,15 @@ class GatedDeltaNetBase(nn.Module):
         concatenated q/k/v projections; ``gdn(q, k, v, g, beta)`` the kernel.
         """
         B, T, _ = x.shape
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        # one GEMM per group (weights concatenated: a copy of the weights, not of the
+        # activations); the gradient of the concatenation splits back per parameter
+        qkv = F.linear(x, torch.cat([self.q_proj.weight, self.k_proj.weight,
+                                     self.v_proj.weight]))
+        heads = [self.a_proj.weight, self.b_proj.weight]
+        if self.use_gate:
+            heads.append(self.g_proj.weight)
+        a, b, *gate = F.linear(x, torch.cat(heads)).split(
+            [self.num_v_heads, self.num_v_heads] + [self.value_dim] * self.use_gate, dim=-1)
         if self.use_short_conv:
             convs = (self.q_conv1d, self.k_conv1d, self.v_conv1d)
             weight = torch.cat([c.weight[:, 0] for c in convs])
@@ -172,12 +180,9 @@ class GatedDeltaNetBase(nn.Module):
         q = q.reshape(B, T, self.num_heads, self.head_k_dim)
         k = k.reshape(B, T, self.num_heads, self.head_k_dim)
         v = v.reshape(B, T, self.num_v_heads, self.head_v_dim)
-        g = gdn_gate(self.a_proj(x).float(), self.A_log, self.dt_bias,
-                     deterministic=self.deterministic)
-        beta = torch.sigmoid(self.b_proj(x))
-        o, extra = gdn(q, k, v, g, beta)
-        gate = self.g_proj(x).reshape_as(o) if self.use_gate else None
-        o = self.o_norm(o, gate).reshape(B, T, self.value_dim)
+        g = gdn_gate(a.float(), self.A_log, self.dt_bias, deterministic=self.deterministic)
+        o, extra = gdn(q, k, v, g, torch.sigmoid(b))
+        o = self.o_norm(o, gate[0].reshape_as(o) if gate else None).reshape(B, T, self.value_dim)
         return self.o_proj(o), extra
 
 
