@@ -90,45 +90,43 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------ wheels ---
 
 
-class WheelBuilder:
+class Builder:
+    """Builds one artifact per package into ``out/<dist>/`` once, and remembers it."""
+
+    pattern = "*.whl"
+
     def __init__(self, out: Path):
         self.out = out
         self.cache: dict[str, Path] = {}
 
+    def command(self, dist: str, dest: Path) -> tuple[list[str], Path]:
+        """(the build command, its working directory)."""
+        return ([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                 "--no-index", "-q", "-w", str(dest), str(PROJECT_DIRS[dist])], self.out)
+
     def __call__(self, dist: str) -> Path:
         if dist not in self.cache:
             dest = self.out / dist
             dest.mkdir(parents=True)
-            _run(
-                [
-                    sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-q", "-w", str(dest), str(PROJECT_DIRS[dist]),
-                ],
-                cwd=self.out,
-            )  # fmt: skip
-            wheels = list(dest.glob("*.whl"))
-            assert len(wheels) == 1, wheels
-            self.cache[dist] = wheels[0]
+            _run(*self.command(dist, dest))
+            built = list(dest.glob(self.pattern))
+            assert len(built) == 1, built
+            self.cache[dist] = built[0]
         return self.cache[dist]
+
+
+class SdistBuilder(Builder):
+    pattern = "*.tar.gz"
+
+    def command(self, dist: str, dest: Path) -> tuple[list[str], Path]:
+        return ([sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(dest)],
+                PROJECT_DIRS[dist])
 
 
 @pytest.fixture(scope="session")
-def build_wheel(tmp_path_factory) -> WheelBuilder:
+def build_wheel(tmp_path_factory) -> Builder:
     """Builds each package's wheel once per session (gdn-core's is shared)."""
-    return WheelBuilder(tmp_path_factory.mktemp("wheels"))
-
-
-class SdistBuilder(WheelBuilder):
-    def __call__(self, dist: str) -> Path:
-        if dist not in self.cache:
-            dest = self.out / dist
-            dest.mkdir(parents=True)
-            _run([sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(dest)],
-                 cwd=PROJECT_DIRS[dist])
-            sdists = list(dest.glob("*.tar.gz"))
-            assert len(sdists) == 1, sdists
-            self.cache[dist] = sdists[0]
-        return self.cache[dist]
+    return Builder(tmp_path_factory.mktemp("wheels"))
 
 
 @pytest.fixture(scope="session")

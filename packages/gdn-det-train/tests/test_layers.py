@@ -1,23 +1,15 @@
-"""gdn_det_train.GatedDeltaNet: the layer on this package's kernels against transformers'
-Qwen3-Next layer, packed documents, and bitwise-repeatable gradients."""
+"""gdn_det_train.GatedDeltaNet: against transformers' Qwen3-Next layer, packed documents
+(gdn_core.layers.testing), and bitwise-repeatable gradients."""
 
 from __future__ import annotations
 
-import pytest
 import torch
-from gdn_core.layers.testing import TINY, diff_packed_vs_separate, diff_vs_qwen3_next, tiny_layer
+from gdn_core.layers.testing import TINY, LayerChecks, tiny_layer
 from gdn_det_train import GatedDeltaNet
 
 
-def test_matches_transformers_qwen3_next_layer_and_every_gradient():
-    pytest.importorskip("transformers")
-    diffs = diff_vs_qwen3_next(GatedDeltaNet, seed=5)
-    assert len(diffs) == 9 and max(diffs.values()) < 2e-4, diffs
-
-
-def test_packed_documents_equal_documents_run_alone():
-    diffs = diff_packed_vs_separate(tiny_layer(GatedDeltaNet, seed=6), [40, 3, 70])
-    assert max(diffs.values()) < 1e-5, diffs
+class TestGatedDeltaNet(LayerChecks):
+    layer_cls, seed = GatedDeltaNet, 5
 
 
 def test_gradients_are_bitwise_repeatable():

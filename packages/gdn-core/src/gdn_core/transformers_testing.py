@@ -6,18 +6,23 @@
   copy, trained the same steps: per step the loss difference and every
   parameter gradient's difference;
 * :func:`diff_packed_layer` — a switched GDN layer on packed documents
-  (``cu_seq_lens_q``) against the unswitched layer on each document alone.
+  (``cu_seq_lens_q``) against the unswitched layer on each document alone;
+* :class:`SwitchChecks`, :class:`SwitchChecksGPU` — the tests themselves, which
+  each package's test module subclasses with its own names.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 import torch
 
-__all__ = ["diff_packed_layer", "tiny_qwen3_next_model", "train_side_by_side"]
+__all__ = ["SwitchChecks", "SwitchChecksGPU", "diff_packed_layer", "tiny_qwen3_next_model",
+           "train_side_by_side"]
 
 
 def tiny_qwen3_next_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -98,3 +103,96 @@ def diff_packed_layer(switch: Callable[[torch.nn.Module], list[str]],
         switch(model)
         packed = layer(x, cu_seq_lens_q=offsets)
     return float((packed - alone).abs().max() / alone.abs().max())
+
+
+LAYERS = ["model.layers.0.linear_attn", "model.layers.2.linear_attn"]
+
+
+class SwitchChecks:
+    """pytest checks of a package's ``use_in_transformers`` (CPU, fp32). A package's
+    test module subclasses it as ``Test…`` and sets ``package`` (the imported package)
+    and ``kernel``, ``conv`` (the names its ``integrations`` module calls)."""
+
+    package: Any
+    kernel: str
+    conv: str
+
+    @pytest.fixture
+    def calls(self, monkeypatch) -> dict[str, int]:
+        """Counts the package kernel's and conv's calls made through the switch."""
+        integrations = importlib.import_module(self.package.__name__ + ".integrations")
+        counts = {"gdn": 0, "conv": 0}
+
+        def counted(name: str, fn: Callable) -> Callable:
+            def wrapper(*args: Any, **kwargs: Any) -> Any:
+                counts[name] += 1
+                return fn(*args, **kwargs)
+            return wrapper
+
+        for name, attr in (("gdn", self.kernel), ("conv", self.conv)):
+            monkeypatch.setattr(integrations, attr, counted(name, getattr(integrations, attr)))
+        return counts
+
+    def test_switched_model_trains_like_its_torch_path(self, calls):
+        report = train_side_by_side(self.package.use_in_transformers, steps=3)
+        assert report[0]["switched"] == LAYERS
+        # 2 GDN layers x 3 steps (forward; the backward is the kernel's own)
+        assert calls == {"gdn": 6, "conv": 6}
+        n_params = len(report[0]["grad_diff"])
+        assert n_params > 20
+        for step in report:
+            assert step["missing"] == [] and len(step["grad_diff"]) == n_params
+            assert step["loss_diff"] < 1e-5, step["loss_diff"]
+            assert max(step["grad_diff"].values()) < 2e-5, step["grad_diff"]
+
+    def test_packed_documents_through_cu_seq_lens_q(self, calls):
+        assert diff_packed_layer(self.package.use_in_transformers) < 1e-5
+        assert calls == {"gdn": 1, "conv": 1}
+
+    def test_restore_gives_the_model_back_its_own_path(self, calls):
+        model = tiny_qwen3_next_model()
+        self.package.use_in_transformers(model)
+        assert self.package.restore_transformers(model) == LAYERS
+        model(input_ids=torch.randint(0, 64, (1, 16)))
+        assert calls == {"gdn": 0, "conv": 0}
+
+    def test_the_kernel_itself_stays_strict(self):
+        q = torch.randn(1, 8, 1, 16)
+        with pytest.raises(TypeError, match="use_cache"):
+            getattr(self.package, self.kernel)(q, q, q, -torch.rand(1, 8, 1),
+                                               torch.rand(1, 8, 1), use_cache=False)
+
+    def test_a_model_without_gdn_layers_is_refused(self):
+        with pytest.raises(ValueError, match="GDN"):
+            self.package.use_in_transformers(torch.nn.Linear(2, 2))
+
+
+class SwitchChecksGPU:
+    """The same in bf16 on CUDA (``pytest -m gpu``), with the packed path at larger
+    sizes; subclass with ``package``. Run where fla is not installed: with fla,
+    transformers' own path is fla's kernel."""
+
+    package: Any
+
+    @pytest.fixture(autouse=True)
+    def _warn_only(self):
+        """transformers' own ops (its MoE's ``index_add_`` on CUDA) may lack a
+        deterministic implementation: warn instead of raising, here only."""
+        was = torch.are_deterministic_algorithms_enabled()
+        warn = torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        yield
+        torch.use_deterministic_algorithms(was, warn_only=warn)
+
+    def test_bf16_switched_model_trains_like_its_own_path(self):
+        report = train_side_by_side(self.package.use_in_transformers, steps=3,
+                                    shape=(2, 256), device="cuda", dtype=torch.bfloat16)
+        for step in report:
+            assert step["missing"] == []
+            assert step["loss_diff"] < 2e-2 * step["loss"], step["loss_diff"]
+            assert max(step["grad_rel"].values()) < 5e-2, step["grad_rel"]
+
+    def test_bf16_packed_documents_through_cu_seq_lens_q(self):
+        diff = diff_packed_layer(self.package.use_in_transformers, lengths=(100, 7, 300, 64),
+                                 device="cuda", dtype=torch.bfloat16)
+        assert diff < 2e-2, diff

@@ -10,21 +10,25 @@ Each function returns measured differences (the tests assert on them):
 * :func:`kcp_rank_run` / :func:`kcp_reference` — one rank of a context-parallel
   layer, and the single-rank layer on the whole sequence, for a gloo world.
 
-Small fp32 shapes: they run on CPU (the reference backend) in a second or two.
+:class:`LayerChecks` and :class:`KCPLayerChecks` are the tests themselves, which
+each package's test module subclasses with its own class. Small fp32 shapes:
+they run on CPU (the reference backend) in a second or two.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 from gdn_core.layers.gated_deltanet import SingleRankGatedDeltaNet
 from gdn_core.layers.qwen3_next import to_qwen3_next_state_dict
 
-__all__ = ["TINY", "diff_kcp_vs_single_rank", "diff_packed_vs_separate", "diff_vs_qwen3_next",
-           "kcp_rank_run",
-           "kcp_reference", "max_diff", "tiny_layer", "tiny_qwen3_next_layer"]
+__all__ = ["KCPLayerChecks", "LayerChecks", "TINY", "diff_kcp_vs_single_rank",
+           "diff_packed_vs_separate", "diff_vs_qwen3_next", "kcp_rank_run", "kcp_reference",
+           "max_diff", "tiny_layer", "tiny_qwen3_next_layer"]
 
 #: a tiny layer: hidden 32, 2 q/k heads of 16, 4 value heads of 16, conv 4
 TINY = dict(hidden_size=32, num_heads=2, num_v_heads=4, head_dim=16, expand_v=1.0,
@@ -176,3 +180,39 @@ def diff_kcp_vs_single_rank(ranks: list[dict[str, Any]], payload: dict) -> dict[
             total += r["grads"][name]
         diffs[name] = rel(total, want)
     return diffs
+
+
+class LayerChecks:
+    """pytest checks of a single-rank layer class; a package's test module subclasses it
+    as ``Test…`` with ``layer_cls`` (and a ``seed``)."""
+
+    layer_cls: type
+    seed: int = 0
+
+    def test_matches_transformers_qwen3_next_layer_and_every_gradient(self):
+        pytest.importorskip("transformers")
+        diffs = diff_vs_qwen3_next(self.layer_cls, seed=self.seed)
+        assert len(diffs) == 9 and max(diffs.values()) < 2e-4, diffs
+
+    def test_packed_documents_equal_documents_run_alone(self):
+        diffs = diff_packed_vs_separate(tiny_layer(self.layer_cls, seed=self.seed + 1),
+                                        [40, 3, 70])
+        assert max(diffs.values()) < 1e-5, diffs
+
+
+class KCPLayerChecks:
+    """pytest check of a context-parallel layer over a gloo world of 2 ranks against the
+    single-rank layer: subclass with ``worker`` (a worker file whose ``layer_rank`` calls
+    :func:`kcp_rank_run` with the package's class, partition and context builder)."""
+
+    worker: Path
+
+    def test_two_ranks_match_the_single_rank_layer(self):
+        from gdn_core.kcp.testing import run_gloo_world
+
+        # the 80-token document crosses the cut; a 3-token one sits on the second rank
+        payload = {"offsets": [0, 30, 110, 113, 140], "boundary": "even", "seed": 11}
+        ranks = run_gloo_world(2, self.worker, "layer_rank", payload)
+        assert [r["start"] for r in ranks] == [0, 70] and ranks[-1]["stop"] == 140
+        diffs = diff_kcp_vs_single_rank(ranks, payload)
+        assert len(diffs) == 15 and max(diffs.values()) < 1e-5, diffs
