@@ -1,16 +1,11 @@
 """On a GPU (``pytest -m gpu``): gdn_train.use_in_transformers in bf16 against the model's own
-path, and the packed ``cu_seq_lens_q`` path. Run it where fla is not installed: with fla,
-transformers' own path is fla's kernel."""
+path, and the packed ``cu_seq_lens_q`` path (gdn_core.transformers_testing). Run it where
+fla is not installed: with fla, transformers' own path is fla's kernel."""
 
 from __future__ import annotations
 
 import pytest
-import torch
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
 pytest.importorskip("transformers")
 
 import gdn_train  # noqa: E402

@@ -173,6 +173,8 @@ class SwitchChecksGPU:
     transformers' own path is fla's kernel."""
 
     package: Any
+    pytestmark = [pytest.mark.gpu,
+                  pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
     @pytest.fixture(autouse=True)
     def _warn_only(self):
