@@ -2,17 +2,21 @@
 
 ``y = weight · x / sqrt(mean(x²) + eps) · act(gate)`` over the last dimension,
 computed in fp32 and returned in ``x``'s dtype (``act``: SiLU, or sigmoid).
-Plain torch: per-row reductions and elementwise ops, deterministic for a fixed
-shape on CPU and CUDA (the weight's gradient is autograd's sum over rows).
+CUDA tensors (and CPU ones under ``TRITON_INTERPRET=1``) run the fused Triton
+kernels of :mod:`gdn_core.layers.norm_kernel`; otherwise (or with
+``GDN_CORE_BACKEND=reference``, or fp64) plain torch ops. Both are
+deterministic for a fixed shape.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["GATE_ACTIVATIONS", "GatedRMSNorm", "rms_norm_gated"]
+__all__ = ["GATE_ACTIVATIONS", "GatedRMSNorm", "rms_norm_gated", "rms_norm_gated_torch"]
 
 GATE_ACTIVATIONS = ("silu", "swish", "sigmoid")
 
@@ -29,6 +33,22 @@ def rms_norm_gated(
     ``weight [x.shape[-1]]``."""
     if activation not in GATE_ACTIVATIONS:
         raise ValueError(f"activation must be one of {GATE_ACTIVATIONS}, got {activation!r}")
+    if _use_kernel(x):
+        from gdn_core.layers.norm_kernel import GatedRMSNormFunction
+
+        return GatedRMSNormFunction.apply(x, gate, weight, eps, activation)
+    return rms_norm_gated_torch(x, gate, weight, eps, activation)
+
+
+def _use_kernel(x: torch.Tensor) -> bool:
+    if os.environ.get("GDN_CORE_BACKEND") == "reference" or x.dtype == torch.float64:
+        return False
+    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def rms_norm_gated_torch(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor,
+                         eps: float, activation: str = "silu") -> torch.Tensor:
+    """:func:`rms_norm_gated` in plain torch ops (the reference of the kernels)."""
     xf = x.float()
     y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
     if gate is not None:
