@@ -156,6 +156,17 @@ class SwitchChecks:
         model(input_ids=torch.randint(0, 64, (1, 16)))
         assert calls == {"gdn": 0, "conv": 0}
 
+    def test_greedy_generation_matches_its_own_path(self, calls):
+        """Prefill through our kernel and conv (with transformers' cache), then
+        transformers' own single-token decoding: the same tokens."""
+        ref = tiny_qwen3_next_model()
+        ours = copy.deepcopy(ref)
+        self.package.use_in_transformers(ours)
+        ids = torch.randint(1, 64, (2, 20), generator=torch.Generator().manual_seed(3))
+        kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
+        assert torch.equal(ours.generate(ids, **kw), ref.generate(ids, **kw))
+        assert calls == {"gdn": 2, "conv": 2}  # the prefill of each GDN layer
+
     def test_the_kernel_itself_stays_strict(self):
         q = torch.randn(1, 8, 1, 16)
         with pytest.raises(TypeError, match="use_cache"):
