@@ -13,8 +13,9 @@ pytest.importorskip("transformers")
 
 import gdn_train  # noqa: E402
 from gdn_core.transformers_testing import SwitchChecks  # noqa: E402
+from gdn_train import integrations  # noqa: E402
 
 
 class TestUseInTransformers(SwitchChecks):
-    package = gdn_train
+    package, integrations = gdn_train, integrations
     kernel, conv = "chunk_gated_delta_rule", "causal_conv1d"

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import copy
-import importlib
 from collections.abc import Callable
 from typing import Any
 
@@ -110,17 +109,19 @@ LAYERS = ["model.layers.0.linear_attn", "model.layers.2.linear_attn"]
 
 class SwitchChecks:
     """pytest checks of a package's ``use_in_transformers`` (CPU, fp32). A package's
-    test module subclasses it as ``Test…`` and sets ``package`` (the imported package)
-    and ``kernel``, ``conv`` (the names its ``integrations`` module calls)."""
+    test module subclasses it as ``Test…`` and sets ``package`` (the imported package),
+    ``integrations`` (its ``integrations`` module) and ``kernel``, ``conv`` (the names
+    that module calls)."""
 
     package: Any
+    integrations: Any
     kernel: str
     conv: str
 
     @pytest.fixture
     def calls(self, monkeypatch) -> dict[str, int]:
         """Counts the package kernel's and conv's calls made through the switch."""
-        integrations = importlib.import_module(self.package.__name__ + ".integrations")
+        integrations = self.integrations
         counts = {"gdn": 0, "conv": 0}
 
         def counted(name: str, fn: Callable) -> Callable:
