@@ -171,7 +171,11 @@ def profile_arm(name, layer, x, dy, cu) -> str:
         for _ in range(3):
             run()
         torch.cuda.synchronize()
-    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+    table = prof.key_averages()
+    try:
+        return table.table(sort_by="cuda_time_total", row_limit=25)
+    except (AttributeError, KeyError, ValueError):  # newer torch: device_time_total
+        return table.table(sort_by="device_time_total", row_limit=25)
 
 
 def prepare_fla(allow_flashqla: bool) -> list[str]:
