@@ -26,16 +26,23 @@ _ACTS = {None: 0, "silu": 1, "swish": 1, "sigmoid": 2}
 
 
 @triton.jit
+def _row_block(step, R, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+               STEPS: tl.constexpr):
+    """Rows, row mask, element mask and offsets of this program's ``step``-th block."""
+    rr = (tl.program_id(0).to(tl.int64) * STEPS + step) * BR + tl.arange(0, BR)
+    rd = tl.arange(0, BD)
+    mr = rr < R
+    return rr, mr, mr[:, None] & (rd[None, :] < D), rr[:, None] * D + rd[None, :]
+
+
+@triton.jit
 def _gated_rms_norm_fwd_kernel(x, g, w, y, rstd, R, D: tl.constexpr, eps, ACT: tl.constexpr,
                                BR: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr):
     rd = tl.arange(0, BD)
     md = rd < D
     b_w = tl.load(w + rd, mask=md, other=0.0).to(tl.float32)
     for step in range(STEPS):
-        rr = (tl.program_id(0).to(tl.int64) * STEPS + step) * BR + tl.arange(0, BR)
-        mr = rr < R
-        mask = mr[:, None] & md[None, :]
-        offs = rr[:, None] * D + rd[None, :]
+        rr, mr, mask, offs = _row_block(step, R, D, BR, BD, STEPS)
         b_x = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
         r = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
         b_y = b_x * r[:, None] * b_w[None, :]
@@ -59,10 +66,7 @@ def _gated_rms_norm_bwd_kernel(x, g, w, rstd, dy, dx, dg, dw_part, R, D: tl.cons
     b_w = tl.load(w + rd, mask=md, other=0.0).to(tl.float32)
     acc = tl.zeros([BD], dtype=tl.float32)
     for step in range(STEPS):
-        rr = (tl.program_id(0).to(tl.int64) * STEPS + step) * BR + tl.arange(0, BR)
-        mr = rr < R
-        mask = mr[:, None] & md[None, :]
-        offs = rr[:, None] * D + rd[None, :]
+        rr, mr, mask, offs = _row_block(step, R, D, BR, BD, STEPS)
         b_x = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
         b_dy = tl.load(dy + offs, mask=mask, other=0.0).to(tl.float32)
         r = tl.load(rstd + rr, mask=mr, other=0.0)
