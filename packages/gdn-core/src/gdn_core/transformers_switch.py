@@ -18,7 +18,9 @@ passes and call our kernel with its strict signature: they use ``cu_seqlens``
 arguments and ``chunk_size`` (our chunk size is fixed; the result does not
 depend on it beyond rounding). Training path only: single-token decoding with
 a cache (``torch_recurrent_gated_delta_rule``, ``causal_conv1d_update``) keeps
-transformers' functions.
+transformers' functions. With ``norm``, the layer's gated RMSNorm submodule
+(``Qwen3NextRMSNormGated``: ``weight``, ``variance_epsilon``, ``activation``)
+runs ``norm(x, gate, weight, eps, activation)`` instead of its own forward.
 
 Nothing here imports transformers.
 """
@@ -102,11 +104,12 @@ def _install(module: Any, name: str) -> bool:
     return True
 
 
-def switch_model(model: torch.nn.Module, *, gdn: Callable,
-                 conv: Callable | None) -> list[str]:
-    """Make ``model``'s GDN layers call ``gdn`` (a ``chunk_gated_delta_rule``) and, unless
-    ``conv`` is ``None``, ``conv`` (a ``causal_conv1d``). Returns the switched layers'
-    names; raises ``ValueError`` when the model has none. Calling it again rebinds."""
+def switch_model(model: torch.nn.Module, *, gdn: Callable, conv: Callable | None,
+                 norm: Callable | None = None) -> list[str]:
+    """Make ``model``'s GDN layers call ``gdn`` (a ``chunk_gated_delta_rule``), unless
+    ``None`` ``conv`` (a ``causal_conv1d``) and ``norm`` (a ``rms_norm_gated``). Returns
+    the switched layers' names; raises ``ValueError`` when the model has none. Calling
+    it again rebinds."""
     adapters = {CHUNK_HOOK: chunk_adapter(gdn)}
     if conv is not None:
         adapters[CONV_HOOK] = conv_adapter(conv)
@@ -118,11 +121,27 @@ def switch_model(model: torch.nn.Module, *, gdn: Callable,
         if conv is not None:
             _install(module, CONV_HOOK)
         _wrap_forward(layer, adapters)
+        gated_norm = getattr(layer, "norm", None)
+        if norm is not None and hasattr(gated_norm, "variance_epsilon"):
+            _replace_forward(gated_norm, functools.partial(_norm_forward, gated_norm, norm))
         switched.append(name)
     if not switched:
         raise ValueError(f"{type(model).__name__} has no layer whose module defines the GDN "
                          f"kernel hook {CHUNK_HOOK!r} (a transformers Qwen3-Next-style model)")
     return switched
+
+
+def _norm_forward(module: torch.nn.Module, norm: Callable, hidden_states: torch.Tensor,
+                  gate: torch.Tensor) -> torch.Tensor:
+    return norm(hidden_states, gate, module.weight, module.variance_epsilon,
+                getattr(module, "activation", "silu"))
+
+
+def _replace_forward(module: torch.nn.Module, forward: Callable) -> None:
+    """``module.forward = forward``, remembering the original for :func:`restore_model`."""
+    original = getattr(module, _ORIGINAL_FORWARD, None) or module.forward
+    object.__setattr__(module, _ORIGINAL_FORWARD, original)
+    module.forward = forward
 
 
 def _wrap_forward(layer: torch.nn.Module, adapters: dict[str, Callable]) -> None:
@@ -136,16 +155,16 @@ def _wrap_forward(layer: torch.nn.Module, adapters: dict[str, Callable]) -> None
         finally:
             _ACTIVE.reset(token)
 
-    object.__setattr__(layer, _ORIGINAL_FORWARD, original)
-    layer.forward = forward
+    _replace_forward(layer, forward)
 
 
 def restore_model(model: torch.nn.Module) -> list[str]:
     """Undo :func:`switch_model` on ``model`` → the names of the layers restored."""
     restored = []
-    for name, layer in model.named_modules():
-        if getattr(layer, _ORIGINAL_FORWARD, None) is not None:
-            del layer.forward
-            object.__delattr__(layer, _ORIGINAL_FORWARD)
-            restored.append(name)
+    for name, module in model.named_modules():
+        if getattr(module, _ORIGINAL_FORWARD, None) is not None:
+            del module.forward
+            object.__delattr__(module, _ORIGINAL_FORWARD)
+            if _calls_hook(type(module)):
+                restored.append(name)
     return restored

@@ -120,9 +120,9 @@ class SwitchChecks:
 
     @pytest.fixture
     def calls(self, monkeypatch) -> dict[str, int]:
-        """Counts the package kernel's and conv's calls made through the switch."""
+        """Counts the package kernel's, conv's and norm's calls made through the switch."""
         integrations = self.integrations
-        counts = {"gdn": 0, "conv": 0}
+        counts = {"gdn": 0, "conv": 0, "norm": 0}
 
         def counted(name: str, fn: Callable) -> Callable:
             def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -130,7 +130,7 @@ class SwitchChecks:
                 return fn(*args, **kwargs)
             return wrapper
 
-        for name, attr in (("gdn", self.kernel), ("conv", self.conv)):
+        for name, attr in (("gdn", self.kernel), ("conv", self.conv), ("norm", "rms_norm_gated")):
             monkeypatch.setattr(integrations, attr, counted(name, getattr(integrations, attr)))
         return counts
 
@@ -138,7 +138,7 @@ class SwitchChecks:
         report = train_side_by_side(self.package.use_in_transformers, steps=3)
         assert report[0]["switched"] == LAYERS
         # 2 GDN layers x 3 steps (forward; the backward is the kernel's own)
-        assert calls == {"gdn": 6, "conv": 6}
+        assert calls == {"gdn": 6, "conv": 6, "norm": 6}
         n_params = len(report[0]["grad_diff"])
         assert n_params > 20
         for step in report:
@@ -148,14 +148,14 @@ class SwitchChecks:
 
     def test_packed_documents_through_cu_seq_lens_q(self, calls):
         assert diff_packed_layer(self.package.use_in_transformers) < 1e-5
-        assert calls == {"gdn": 1, "conv": 1}
+        assert calls == {"gdn": 1, "conv": 1, "norm": 1}
 
     def test_restore_gives_the_model_back_its_own_path(self, calls):
         model = tiny_qwen3_next_model()
         self.package.use_in_transformers(model)
         assert self.package.restore_transformers(model) == LAYERS
         model(input_ids=torch.randint(0, 64, (1, 16)))
-        assert calls == {"gdn": 0, "conv": 0}
+        assert calls == {"gdn": 0, "conv": 0, "norm": 0}
 
     def test_greedy_generation_matches_its_own_path(self, calls):
         """Prefill through our kernel and conv (with transformers' cache), then
@@ -166,7 +166,8 @@ class SwitchChecks:
         ids = torch.randint(1, 64, (2, 20), generator=torch.Generator().manual_seed(3))
         kw = dict(max_new_tokens=6, do_sample=False, pad_token_id=0)
         assert torch.equal(ours.generate(ids, **kw), ref.generate(ids, **kw))
-        assert calls == {"gdn": 2, "conv": 2}  # the prefill of each GDN layer
+        # the prefill of each GDN layer; the norm also in each of the 5 decoding steps
+        assert calls == {"gdn": 2, "conv": 2, "norm": 12}
 
     def test_the_kernel_itself_stays_strict(self):
         q = torch.randn(1, 8, 1, 16)
