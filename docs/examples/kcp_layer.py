@@ -29,9 +29,12 @@ context = build_context_det_kcp(plan, rank, device=device, conv_kernel_size=laye
 start, stop = plan.token_range(rank)
 out = layer(x[:, start:stop], context)  # this rank's shard
 out.square().sum().backward()  # collectives inside: every rank runs it
-# parameter gradients are this rank's partial sums: add them over ranks
+# parameter gradients are this rank's partial sums: add them over ranks, in rank order
+# (an all_reduce's order is the backend's: not bitwise repeatable)
 for p in layer.parameters():
-    dist.all_reduce(p.grad)
+    parts = [torch.empty_like(p.grad) for _ in range(world)]
+    dist.all_gather(parts, p.grad)
+    p.grad = torch.stack(parts).sum(0)
 
 outs = [None] * world
 dist.all_gather_object(outs, out.detach().cpu())
@@ -39,8 +42,11 @@ if rank == 0:
     single = SingleRankGatedDeltaNet(**config).to(device)
     single.load_state_dict(layer.state_dict())
     want, _ = single(x, cu_seqlens=cu_seqlens)
-    diff = (torch.cat(outs, dim=1) - want.cpu()).abs().max().item()
+    want.square().sum().backward()
+    diff = (torch.cat(outs, dim=1) - want.detach().cpu()).abs().max().item()
+    grad = max(((p.grad - q.grad).abs().max() / q.grad.abs().max()).item()
+               for p, q in zip(layer.parameters(), single.parameters()))
     print(f"{world} ranks, tokens per rank {[plan.token_range(r) for r in range(world)]}: "
-          f"max |out - single rank| = {diff:.1e}")
-    assert diff < 1e-4
+          f"max |out - single rank| = {diff:.1e}, parameter gradients {grad:.1e} (relative)")
+    assert diff < 1e-4 and grad < 1e-4
 dist.destroy_process_group()
