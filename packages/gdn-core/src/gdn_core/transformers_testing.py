@@ -169,6 +169,29 @@ class SwitchChecks:
         # the prefill of each GDN layer; the norm also in each of the 5 decoding steps
         assert calls == {"gdn": 2, "conv": 2, "norm": 12}
 
+    def test_another_model_on_the_same_hook_qwen3_5(self, calls):
+        """Qwen3.5 (its own GDN layer class and modeling module, the same hook)."""
+        transformers = pytest.importorskip("transformers")
+        if not hasattr(transformers, "Qwen3_5ForCausalLM"):
+            pytest.skip("this transformers has no Qwen3.5")
+        cfg = transformers.Qwen3_5TextConfig(
+            vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=2, num_key_value_heads=1, head_dim=16, linear_num_key_heads=2,
+            linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+            layer_types=["linear_attention", "full_attention"])
+        torch.manual_seed(0)
+        ref = transformers.Qwen3_5ForCausalLM(cfg)
+        ours = copy.deepcopy(ref)
+        assert self.package.use_in_transformers(ours) == ["model.layers.0.linear_attn"]
+        ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(4))
+        losses = [m(input_ids=ids, labels=ids).loss for m in (ref, ours)]
+        for loss in losses:
+            loss.backward()
+        assert abs(float(losses[0].detach()) - float(losses[1].detach())) < 1e-5
+        assert max(float((p.grad - q.grad).abs().max()) for p, q in
+                   zip(ref.parameters(), ours.parameters()) if p.grad is not None) < 2e-5
+        assert calls == {"gdn": 1, "conv": 1, "norm": 1}
+
     def test_the_kernel_itself_stays_strict(self):
         q = torch.randn(1, 8, 1, 16)
         with pytest.raises(TypeError, match="use_cache"):
