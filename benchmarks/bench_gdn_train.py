@@ -84,7 +84,7 @@ ANCHOR_SHAPES: list[GDNShape] = [
     GDNShape(B=1, T=65536, H=16, D=16),
     GDNShape(B=1, T=32768, H=16, HV=32, D=8),
 ]
-# fla 0.6.0 on the H200 with Triton 3.6, bf16 (DESIGN.md §6): (fwd ms, fwd+bwd ms).
+# fla 0.6.0 on the H200 with Triton 3.6, bf16 (docs/performance.md): (fwd ms, fwd+bwd ms).
 ANCHOR_FLA_MS: dict[str, tuple[float, float]] = {
     s.spec: ms for s, ms in zip(ANCHOR_SHAPES, [
         (0.724, 2.352), (1.264, 4.797), (1.174, 3.409),
@@ -113,7 +113,7 @@ GATES = ("layer", "anchor")
 
 FLA_PATCH_NOTE = (
     "fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 forced to True: fla refuses its GDN backward "
-    "on Hopper with Triton < 3.7.1 (wrong dk from a Triton codegen bug, DESIGN.md §5); "
+    "on Hopper with Triton < 3.7.1 (wrong dk from a Triton codegen bug, docs/machines.md); "
     "its accuracy row below says whether its gradients are right here"
 )
 

@@ -1,4 +1,9 @@
-"""Each package installs alone: its wheel (plus gdn-core's) into a fresh venv.
+"""Each package is publishable and installs alone.
+
+Wheels and sdists require ``gdn-core`` by name and version range (never a path);
+each wheel (plus gdn-core's) installs alone into a fresh venv; one package
+resolves its dependencies from a local wheelhouse; and the checkout's documented
+install (``pip install packages/gdn-core packages/<pkg>``) works from elsewhere.
 
 The venvs see the running environment's packages (``--system-site-packages``,
 and, when the tests themselves run in a venv such as Hatch's, a ``.pth``
@@ -17,12 +22,12 @@ import re
 import site
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
-from urllib.parse import unquote, urlparse
-from urllib.request import url2pathname
 
 import pytest
+from packaging.requirements import Requirement
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -85,32 +90,58 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
 # ------------------------------------------------------------ wheels ---
 
 
-class WheelBuilder:
+class Builder:
+    """Builds one artifact per package into ``out/<dist>/`` once, and remembers it."""
+
+    pattern = "*.whl"
+
     def __init__(self, out: Path):
         self.out = out
         self.cache: dict[str, Path] = {}
+
+    def command(self, dist: str, dest: Path) -> tuple[list[str], Path]:
+        """(the build command, its working directory)."""
+        return ([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                 "--no-index", "-q", "-w", str(dest), str(PROJECT_DIRS[dist])], self.out)
 
     def __call__(self, dist: str) -> Path:
         if dist not in self.cache:
             dest = self.out / dist
             dest.mkdir(parents=True)
-            _run(
-                [
-                    sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-                    "--no-index", "-q", "-w", str(dest), str(PROJECT_DIRS[dist]),
-                ],
-                cwd=self.out,
-            )  # fmt: skip
-            wheels = list(dest.glob("*.whl"))
-            assert len(wheels) == 1, wheels
-            self.cache[dist] = wheels[0]
+            _run(*self.command(dist, dest))
+            built = list(dest.glob(self.pattern))
+            assert len(built) == 1, built
+            self.cache[dist] = built[0]
         return self.cache[dist]
 
 
+class SdistBuilder(Builder):
+    pattern = "*.tar.gz"
+
+    def command(self, dist: str, dest: Path) -> tuple[list[str], Path]:
+        return ([sys.executable, "-m", "hatchling", "build", "-t", "sdist", "-d", str(dest)],
+                PROJECT_DIRS[dist])
+
+
 @pytest.fixture(scope="session")
-def build_wheel(tmp_path_factory) -> WheelBuilder:
+def build_wheel(tmp_path_factory) -> Builder:
     """Builds each package's wheel once per session (gdn-core's is shared)."""
-    return WheelBuilder(tmp_path_factory.mktemp("wheels"))
+    return Builder(tmp_path_factory.mktemp("wheels"))
+
+
+@pytest.fixture(scope="session")
+def build_sdist(tmp_path_factory) -> SdistBuilder:
+    """Builds each package's sdist once per session."""
+    return SdistBuilder(tmp_path_factory.mktemp("sdists"))
+
+
+def sdist_metadata(sdist: Path) -> tuple[email.message.Message, list[str]]:
+    """(PKG-INFO, member names relative to the sdist's top folder)."""
+    with tarfile.open(sdist) as tf:
+        names = tf.getnames()
+        (info,) = [n for n in names if re.fullmatch(r"[^/]+/PKG-INFO", n)]
+        meta = email.parser.Parser().parsestr(tf.extractfile(info).read().decode("utf-8"))
+    return meta, [n.split("/", 1)[1] for n in names if "/" in n]
 
 
 def wheel_metadata(wheel: Path) -> email.message.Message:
@@ -131,6 +162,13 @@ def requires_dist(meta: email.message.Message) -> dict[str, str]:
 # -------------------------------------------------------------- venvs ---
 
 
+def _is_repo_entry(name: str) -> bool:
+    """A site-packages entry of one of the repo's distributions (module, dist-info,
+    editable hook)."""
+    stem = canonical(re.sub(r"^__editable__[._]", "", name).split("-")[0].split(".")[0])
+    return any(stem == canonical(d) for d in REPO_DISTS)
+
+
 class Venv:
     def __init__(self, path: Path):
         self.path = path
@@ -141,10 +179,18 @@ class Venv:
         self.purelib = Path(self.eval("import sysconfig; print(sysconfig.get_paths()['purelib'])"))
         if sys.prefix != sys.base_prefix:
             # We run inside a venv (e.g. Hatch's): --system-site-packages reaches
-            # only the base interpreter's, so bridge to ours for torch & co.
-            # Plain path lines: the .pth files there (editable installs) stay inactive.
-            lines = [p for p in site.getsitepackages() if Path(p).is_dir()]
-            (self.purelib / "_parent_env.pth").write_text("\n".join(lines) + "\n")
+            # only the base interpreter's, so bridge to ours for torch & co. —
+            # through a folder of links that leaves out the repo's own
+            # distributions (pip would count their editable installs as
+            # satisfying a requirement by name). Plain path lines: the .pth
+            # files there (editable installs) stay inactive.
+            bridge = path.parent / "parent-env"
+            bridge.mkdir()
+            for sp in site.getsitepackages():
+                for entry in Path(sp).iterdir() if Path(sp).is_dir() else ():
+                    if not _is_repo_entry(entry.name) and not (bridge / entry.name).exists():
+                        (bridge / entry.name).symlink_to(entry)
+            (self.purelib / "_parent_env.pth").write_text(f"{bridge}\n")
 
     def eval(self, code: str) -> str:
         return _run([self.python, "-c", code], cwd=self.path).stdout.strip()
@@ -196,21 +242,37 @@ def test_the_six_packages_are_there():
     assert set(PACKAGES) == EXPECTED_PACKAGES
 
 
-@pytest.mark.parametrize("dist", sorted(PACKAGES))
-def test_wheel_requires_only_gdn_core_of_the_repo(dist, build_wheel):
-    meta = wheel_metadata(build_wheel(dist))
+def _check_requirements(dist: str, meta: email.message.Message, core_version: str) -> None:
+    """Only gdn-core of the repo, by name and a version range holding its version."""
     assert canonical(meta["Name"]) == dist
     reqs = requires_dist(meta)
+    assert not any("@" in r or "file:" in r for r in reqs.values()), reqs
     repo_reqs = set(reqs) & REPO_DISTS
     if dist == CORE:
         assert repo_reqs == set(), reqs
         return
     assert repo_reqs == {CORE}, reqs
-    # the direct reference points at this checkout's gdn-core
-    url = reqs[CORE].split("@", 1)[1].split(";", 1)[0].strip()
-    parsed = urlparse(url)
-    assert parsed.scheme == "file", url
-    assert Path(url2pathname(unquote(parsed.path))).resolve() == PROJECT_DIRS[CORE].resolve()
+    spec = Requirement(reqs[CORE]).specifier
+    assert str(spec) and spec.contains(core_version), (reqs[CORE], core_version)
+
+
+@pytest.mark.parametrize("dist", sorted(PACKAGES))
+def test_wheel_requires_gdn_core_by_name_and_range(dist, build_wheel):
+    core_version = wheel_metadata(build_wheel(CORE))["Version"]
+    _check_requirements(dist, wheel_metadata(build_wheel(dist)), core_version)
+
+
+@pytest.mark.parametrize("dist", sorted(PACKAGES))
+def test_sdist_has_the_wheel_s_metadata_and_sources(dist, build_wheel, build_sdist):
+    meta, names = sdist_metadata(build_sdist(dist))
+    wheel = wheel_metadata(build_wheel(dist))
+    _check_requirements(dist, meta, wheel_metadata(build_wheel(CORE))["Version"])
+    assert meta["Version"] == wheel["Version"]
+    assert sorted(meta.get_all("Requires-Dist") or []) == \
+        sorted(wheel.get_all("Requires-Dist") or [])
+    module = PACKAGES[dist]
+    assert {"pyproject.toml", "README.md", f"src/{module}/__init__.py"} <= set(names), names
+    assert "CHANGELOG.md" in names, f"{dist}: no CHANGELOG.md in the sdist"
 
 
 @pytest.mark.parametrize("dist", sorted(PACKAGES))
@@ -230,10 +292,26 @@ def test_install_alone(dist, build_wheel, venv):
         assert _under(info[d]["file"], venv.purelib), info[d]  # not the checkout's src/
 
 
-def test_install_from_checkout(venv):
-    """``pip install packages/gdn-det-train-kcp`` resolves gdn-core from the checkout."""
+def test_install_from_a_wheelhouse_resolves_gdn_core_by_name(build_wheel, venv):
+    """``pip install --find-links <wheelhouse> gdn-det-train-kcp``: the dependencies
+    are resolved (gdn-core from the wheelhouse; torch & co. already present)."""
     dist = "gdn-det-train-kcp"
-    venv.pip("install", "--no-build-isolation", "--no-index", "-q", str(PROJECT_DIRS[dist]))
+    house = venv.path.parent / "wheelhouse"
+    house.mkdir()
+    for d in (dist, CORE):
+        (house / build_wheel(d).name).write_bytes(build_wheel(d).read_bytes())
+    venv.pip("install", "--no-index", "--find-links", str(house), "-q", dist)
+    assert venv.own_dists() == {dist, CORE}
+    for info in venv.inspect(dist, CORE).values():
+        assert _under(info["file"], venv.purelib), info
+
+
+def test_install_from_checkout(venv):
+    """The README's ``pip install packages/gdn-core packages/gdn-det-train-kcp``, run
+    from another directory (absolute paths)."""
+    dist = "gdn-det-train-kcp"
+    venv.pip("install", "--no-build-isolation", "--no-index", "-q", str(PROJECT_DIRS[CORE]),
+             str(PROJECT_DIRS[dist]))
     assert venv.own_dists() == {dist, CORE}
     for d, info in venv.inspect(dist, CORE).items():
         assert _under(info["file"], venv.purelib), info

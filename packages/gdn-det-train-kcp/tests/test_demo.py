@@ -7,6 +7,7 @@ run it as a subprocess, the way a user does, with few steps.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -58,10 +59,23 @@ def test_demo_world_one_is_bitwise_the_single_rank_run():
     assert "max |param diff| 0.00e+00" in b and "[bitwise equal]" in b
 
 
+def test_demo_segment_boundary_cuts_documents_on_segments():
+    proc = _run_demo("--steps", "2", "--world", "2", "--boundary", "segment",
+                     "--segment-size", "64")
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "boundary=segment (segments of 64)" in out and "ALL CHECKS PASSED" in out
+    crossed = re.search(r"over 2 steps, (\d+) document\(s\) crossed a rank boundary", out)
+    assert crossed and int(crossed.group(1)) >= 1
+    assert _line(out, "(b) matches single-rank").endswith("PASS")
+
+
 def test_demo_rejects_bad_arguments():
     proc = _run_demo("--steps", "0", timeout=60)
     assert proc.returncode == 2
     assert "--steps" in proc.stderr
+    proc = _run_demo("--boundary", "segment", "--segment-size", "100", timeout=60)
+    assert proc.returncode == 2 and "--segment-size" in proc.stderr
 
 
 def test_make_batch_is_packed_documents_with_in_document_labels():

@@ -2,7 +2,7 @@
 
 One H200 cannot host several NCCL ranks, so these run every rank of a world
 in one process (``*_simulated``), which executes exactly the per-rank code of
-a distributed run (DESIGN §3, issue 8).
+a distributed run (docs/context-parallel.md).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables
 
 CHUNK_SIZE = 64
 
-#: Default segment length of the segment algorithm (DESIGN §3), single rank and
+#: Default segment length of the segment algorithm (docs/context-parallel.md), single rank and
 #: context parallel alike (the bits depend on it). H200, fwd+bwd wall of the
 #: deterministic path, 2026-12-01 (``benchmarks/profile_gdn.py``), S = 1024 / 4096 /
 #: no segments: B1 T8192 H16 2.29 / 1.72 / 1.87 ms; B1 T32768 H16 one document

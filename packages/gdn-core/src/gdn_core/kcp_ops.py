@@ -15,7 +15,7 @@ and the ``…_bwd`` op of each. A context reaches an op through its handle
 (:func:`gdn_core.custom_ops.object_handle`: a CPU scalar tensor), so under
 ``torch.compile`` a new plan's context of the same package does not
 recompile: the graph's inputs are the shard tensors and the handle. The
-context carries every host table the rank needs (DESIGN §3), so neither
+context carries every host table the rank needs (docs/context-parallel.md), so neither
 forward nor backward reads a device tensor on the host. Collectives run
 inside the ops; every rank must run the compiled step, as the eager one.
 

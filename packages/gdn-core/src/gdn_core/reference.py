@@ -1,6 +1,6 @@
 """fp32 reference implementations of Gated DeltaNet: the oracles for every test.
 
-Two independent formulations of the same recurrence (DESIGN.md §2):
+Two independent formulations of the same recurrence (docs/math.md):
 
 * :func:`naive_recurrent_gdn` — token by token, straight from the equations.
 * :func:`chunk_gdn_reference` — the chunked algorithm (chunk size 64) in plain

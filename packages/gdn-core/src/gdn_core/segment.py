@@ -3,7 +3,7 @@
 Every document is cut into segments of ``S`` tokens from its start (``S`` a
 multiple of the chunk size; the last segment may be short; a document of at
 most ``S`` tokens is one segment). A segment is an affine map of the state it
-starts from, ``S_out = M S_in + E`` (DESIGN §3), so the forward runs in three
+starts from, ``S_out = M S_in + E`` (docs/context-parallel.md), so the forward runs in three
 phases:
 
 1. **summaries** — every segment that has a successor gets ``(E, M)`` in one

@@ -24,6 +24,7 @@ from gdn_det_train_kcp.gdn import (
     chunk_gdn_det_fwd_kcp,
     chunk_gdn_det_fwd_kcp_simulated,
 )
+from gdn_det_train_kcp.layers import GatedDeltaNetKCP
 from gdn_det_train_kcp.plan import (
     DetKCPContext,
     DetKCPPlan,
@@ -36,6 +37,7 @@ from gdn_det_train_kcp.plan import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "GatedDeltaNetKCP",
     "DetKCPContext",
     "DetKCPGrads",
     "DetKCPPlan",

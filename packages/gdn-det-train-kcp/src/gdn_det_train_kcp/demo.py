@@ -5,11 +5,11 @@ Run it with ``hatch run demo`` (or ``python -m gdn_det_train_kcp.demo``).
 What it does:
 
 1. Builds a tiny Gated DeltaNet language model — a one-hot embedding, two
-   blocks of [RMSNorm → q/k/v/gate/beta projections → short causal conv1d on
-   q, k, v (:func:`~gdn_det_train_kcp.causal_conv1d_det_kcp`) → GDN
-   (:func:`~gdn_det_train_kcp.chunk_gated_delta_rule_det_kcp` with in-kernel
-   q/k L2 norm) → per-head RMSNorm → output projection, residual] and an MLP
-   each, and an untied output head (zero-initialised: the loss starts at ln(vocab)).
+   blocks of [RMSNorm → the GDN layer :class:`~gdn_det_train_kcp.GatedDeltaNetKCP`
+   (q/k/v/gate/beta projections, short causal conv across ranks, the
+   ``A_log``/``dt_bias`` gate, GDN with in-kernel q/k L2 norm, gated RMSNorm,
+   output projection), residual] and an MLP each, and an untied output head
+   (zero-initialised: the loss starts at ln(vocab)).
 2. Makes synthetic packed documents of varied lengths (each document repeats
    a short random motif, so the next token is predictable in context) and
    trains for a few steps on ``--world`` ranks (default 2): one process per
@@ -25,10 +25,16 @@ What it does:
    deterministic path and checks (b) parameters and loss curve match within a
    stated tolerance.
 
-The single-rank run calls what ``gdn_det_train.chunk_gated_delta_rule_det``
-and ``gdn_det_train.causal_conv1d_det`` call — ``gdn_core``'s deterministic
-autograd GDN and conv1d — because this package may import only ``gdn_core``
-(DESIGN §1).
+The single-rank run uses :class:`gdn_core.layers.SingleRankGatedDeltaNet`
+(the same parameters; it calls what ``gdn_det_train.GatedDeltaNet`` calls —
+``gdn_core``'s deterministic autograd GDN and conv1d) because this package may
+import only ``gdn_core`` (``docs/architecture.md``).
+
+``--boundary segment`` cuts the shards only at document starts and on
+``--segment-size`` boundaries, and the single-rank run uses segments of that
+size too: the GDN kernel's outputs and input gradients are then the
+single-rank bits for any ``--world`` (``docs/determinism.md``); the loss and
+the parameters still differ in the last bits where sums run over ranks.
 
 Exit status 0 when every check passes, 1 otherwise (2 for bad arguments).
 """
@@ -52,10 +58,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from gdn_core.kcp.nccl import MULTICAST_OFF
+from gdn_core.layers import GatedDeltaNetBase, SingleRankGatedDeltaNet
 from torch import nn
 
-from gdn_det_train_kcp.conv import causal_conv1d_det_kcp
-from gdn_det_train_kcp.gdn import chunk_gated_delta_rule_det_kcp
+from gdn_det_train_kcp.layers import GatedDeltaNetKCP
 from gdn_det_train_kcp.plan import build_context_det_kcp, partition_det_kcp
 
 __all__ = ["DemoConfig", "TinyGDNLM", "main", "make_batch", "param_digest"]
@@ -84,6 +90,7 @@ class DemoConfig:
     mlp_mult: int = 4
     lr: float = 0.1
     boundary: str = "even"
+    segment_size: int = 128  # with boundary="segment" only
     exchange: str = "allgather"
 
     @property
@@ -131,39 +138,28 @@ def make_batch(cfg: DemoConfig, step: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 class _KCPOps:
-    """Conv and GDN of one rank's shard (context parallel, deterministic)."""
+    """Runs a block's GDN layer on one rank's shard (context parallel, deterministic)."""
+
+    layer_cls = GatedDeltaNetKCP
 
     def __init__(self, context, cfg: DemoConfig) -> None:
         self.context, self.cfg = context, cfg
 
-    def conv(self, x, weight, bias):
-        return causal_conv1d_det_kcp(x, weight, bias, self.context, activation="silu")
-
-    def gdn(self, q, k, v, g, beta):
-        return chunk_gated_delta_rule_det_kcp(
-            q, k, v, g, beta, context=self.context, use_qk_l2norm_in_kernel=True,
-            exchange=self.cfg.exchange, backend=self.cfg.backend)
+    def mix(self, layer: GatedDeltaNetKCP, h: torch.Tensor) -> torch.Tensor:
+        return layer(h, self.context, exchange=self.cfg.exchange, backend=self.cfg.backend)
 
 
 class _SingleRankOps:
-    """Conv and GDN of the whole packed sequence in one process: the calls
-    ``gdn_det_train.causal_conv1d_det`` / ``chunk_gated_delta_rule_det`` make."""
+    """Runs a block's GDN layer on the whole packed sequence in one process."""
+
+    layer_cls = SingleRankGatedDeltaNet
 
     def __init__(self, cu_seqlens: list[int], cfg: DemoConfig) -> None:
         self.cu_seqlens, self.cfg = cu_seqlens, cfg
+        self.segment_size = cfg.segment_size if cfg.boundary == "segment" else None
 
-    def conv(self, x, weight, bias):
-        from gdn_core.conv1d import causal_conv1d
-
-        return causal_conv1d(x, weight, bias, "silu", self.cu_seqlens, deterministic=True)
-
-    def gdn(self, q, k, v, g, beta):
-        from gdn_core.autograd import chunk_gdn_autograd
-
-        o, _ = chunk_gdn_autograd(q, k, v, g, beta, cu_seqlens=self.cu_seqlens,
-                                  use_qk_l2norm_in_kernel=True, deterministic=True,
-                                  backend=self.cfg.backend)
-        return o
+    def mix(self, layer: SingleRankGatedDeltaNet, h: torch.Tensor) -> torch.Tensor:
+        return layer(h, cu_seqlens=self.cu_seqlens, segment_size=self.segment_size)[0]
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -171,48 +167,36 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class GDNBlock(nn.Module):
-    """RMSNorm → projections → conv(q,k,v) → GDN → head norm → out proj (+res), MLP (+res)."""
+    """RMSNorm → GDN layer (+res), RMSNorm → MLP (+res)."""
 
-    def __init__(self, cfg: DemoConfig) -> None:
+    def __init__(self, cfg: DemoConfig, layer_cls: type[GatedDeltaNetBase]) -> None:
         super().__init__()
-        d, H, K = cfg.d_model, cfg.heads, cfg.head_dim
-        self.H, self.K = H, K
+        d = cfg.d_model
         self.attn_norm = nn.Parameter(torch.ones(d))
-        self.qkv = nn.Linear(d, 3 * H * K, bias=False)
-        self.conv_weight = nn.Parameter(torch.randn(3 * H * K, cfg.conv_size) / cfg.conv_size)
-        self.conv_bias = nn.Parameter(torch.zeros(3 * H * K))
-        self.gate = nn.Linear(d, H, bias=False)
-        self.beta = nn.Linear(d, H, bias=False)
-        # bounded log-decay g = -sigmoid(a + gate_bias) in (-1, 0): heads start from
-        # slow (~ -0.02) to faster (~ -0.1) forgetting
-        self.gate_bias = nn.Parameter(torch.linspace(-4.0, -2.0, H))
-        self.head_norm = nn.Parameter(torch.ones(K))
-        self.out = nn.Linear(H * K, d, bias=False)
+        self.gdn = layer_cls(hidden_size=d, num_heads=cfg.heads, head_dim=cfg.head_dim,
+                             expand_v=1.0, conv_size=cfg.conv_size, conv_bias=True)
         self.mlp_norm = nn.Parameter(torch.ones(d))
         self.up = nn.Linear(d, cfg.mlp_mult * d, bias=False)
         self.down = nn.Linear(cfg.mlp_mult * d, d, bias=False)
 
     def forward(self, x: torch.Tensor, ops) -> torch.Tensor:
-        B, T, _ = x.shape
-        H, K = self.H, self.K
-        h = _rms_norm(x, self.attn_norm)
-        qkv = ops.conv(self.qkv(h), self.conv_weight, self.conv_bias)
-        q, k, v = (t.reshape(B, T, H, K).contiguous() for t in qkv.split(H * K, dim=-1))
-        g = -torch.sigmoid(self.gate(h) + self.gate_bias)
-        beta = torch.sigmoid(self.beta(h))
-        o = ops.gdn(q, k, v, g.contiguous(), beta.contiguous())
-        x = x + self.out(_rms_norm(o, self.head_norm).reshape(B, T, H * K))
+        x = x + ops.mix(self.gdn, _rms_norm(x, self.attn_norm))
         return x + self.down(F.silu(self.up(_rms_norm(x, self.mlp_norm))))
 
 
 class TinyGDNLM(nn.Module):
-    """One-hot embedding (a matmul: deterministic everywhere), GDN blocks, untied head."""
+    """One-hot embedding (a matmul: deterministic everywhere), GDN blocks, untied head.
 
-    def __init__(self, cfg: DemoConfig) -> None:
+    ``layer_cls``: the blocks' GDN layer (:class:`GatedDeltaNetKCP` on the ranks,
+    :class:`~gdn_core.layers.SingleRankGatedDeltaNet` in one process: the same
+    parameters, so a seeded model has the same bits either way)."""
+
+    def __init__(self, cfg: DemoConfig,
+                 layer_cls: type[GatedDeltaNetBase] = GatedDeltaNetKCP) -> None:
         super().__init__()
         self.vocab = cfg.vocab
         self.embed = nn.Parameter(torch.randn(cfg.vocab, cfg.d_model))
-        self.blocks = nn.ModuleList(GDNBlock(cfg) for _ in range(cfg.layers))
+        self.blocks = nn.ModuleList(GDNBlock(cfg, layer_cls) for _ in range(cfg.layers))
         self.final_norm = nn.Parameter(torch.ones(cfg.d_model))
         self.head = nn.Linear(cfg.d_model, cfg.vocab)  # untied; zero: loss starts at ln(vocab)
         nn.init.zeros_(self.head.weight)
@@ -235,12 +219,13 @@ def loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return (nll * mask.to(nll.dtype)).sum()
 
 
-def build_model(cfg: DemoConfig, device: torch.device) -> TinyGDNLM:
+def build_model(cfg: DemoConfig, device: torch.device,
+                layer_cls: type[GatedDeltaNetBase] = GatedDeltaNetKCP) -> TinyGDNLM:
     """Seeded on the CPU, then moved: the same bits on every rank and in every run."""
     gen_state = torch.random.get_rng_state()
     torch.manual_seed(cfg.seed)
     try:
-        model = TinyGDNLM(cfg)
+        model = TinyGDNLM(cfg, layer_cls)
     finally:
         torch.random.set_rng_state(gen_state)
     return model.to(device)
@@ -365,7 +350,8 @@ def _rank_main(rank: int, world: int, cfg_dict: dict, tmp: str, run_name: str) -
             t0 = time.perf_counter()
             tokens, labels, offsets = make_batch(cfg, step)
             n_labels = int((labels >= 0).sum())
-            plan = partition_det_kcp(offsets, world, boundary=cfg.boundary)
+            plan = partition_det_kcp(offsets, world, boundary=cfg.boundary,
+                                     **_segment_kwargs(cfg))
             ctx = build_context_det_kcp(plan, rank, device=device,
                                         conv_kernel_size=cfg.conv_size)
             start, stop = plan.token_range(rank)
@@ -387,6 +373,10 @@ def _rank_main(rank: int, world: int, cfg_dict: dict, tmp: str, run_name: str) -
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def _segment_kwargs(cfg: DemoConfig) -> dict[str, int]:
+    return {"segment_size": cfg.segment_size} if cfg.boundary == "segment" else {}
 
 
 def _rank_layout(plan, rank: int) -> dict[str, Any]:
@@ -477,7 +467,7 @@ def run_single_rank(cfg: DemoConfig, show: bool = True) -> dict[str, Any]:
     threads = torch.get_num_threads()
     _setup_determinism(device)
     try:
-        model = build_model(cfg, device)
+        model = build_model(cfg, device, SingleRankGatedDeltaNet)
         opt = make_optimizer(model, cfg)
         progress = _Progress(cfg.steps, "single rank", enabled=show)
         losses = []
@@ -526,8 +516,13 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seqlen", type=int, default=1024, help="tokens per step (default 1024)")
     p.add_argument("--lr", type=float, default=0.1,
                    help="SGD (momentum 0.9) learning rate (default 0.1)")
-    p.add_argument("--boundary", choices=("even", "chunk", "doc"), default="even",
-                   help="where the shard cuts fall (default even: anywhere, mid-chunk)")
+    p.add_argument("--boundary", choices=("even", "chunk", "doc", "segment"), default="even",
+                   help="where the shard cuts fall (default even: anywhere, mid-chunk; "
+                        "segment: document starts and --segment-size boundaries only, "
+                        "the single-rank bits for any --world)")
+    p.add_argument("--segment-size", type=int, default=128,
+                   help="segment length with --boundary segment (a multiple of 64, "
+                        "default 128)")
     p.add_argument("--exchange", choices=("allgather", "ring"), default="allgather",
                    help="how document states cross ranks (default allgather)")
     p.add_argument("--param-tol", type=float, default=1e-4,
@@ -540,6 +535,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     for name in ("steps", "world", "seqlen"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be >= 1")
+    if args.segment_size < 64 or args.segment_size % 64:
+        p.error("--segment-size must be a positive multiple of 64")
     return args
 
 
@@ -575,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["GDN_CORE_BACKEND"] = "reference"
     cfg = DemoConfig(steps=args.steps, world=args.world, seed=args.seed, device=device,
                      seqlen=args.seqlen, lr=args.lr, boundary=args.boundary,
-                     exchange=args.exchange)
+                     segment_size=args.segment_size, exchange=args.exchange)
     t_start = time.perf_counter()
     probe = TinyGDNLM(cfg)
     n_params = sum(p.numel() for p in probe.parameters())
@@ -583,13 +580,15 @@ def main(argv: list[str] | None = None) -> int:
     engine = "NCCL on CUDA" if device == "cuda" else "gloo on CPU"
     print(f"== gdn-det-train-kcp demo: tiny GDN LM trained on {cfg.world} ranks ({engine}) ==")
     print(f"model: vocab {cfg.vocab}, d_model {cfg.d_model}, {cfg.layers} blocks of "
-          f"[conv{cfg.conv_size} + GDN {cfg.heads} heads x {cfg.head_dim} + MLP], untied head, "
+          f"[GatedDeltaNetKCP ({cfg.heads} heads x {cfg.head_dim}, conv {cfg.conv_size}) + MLP], "
+          "untied head, "
           f"{n_params:,} parameters, fp32, kernels: {cfg.backend}")
     print(f"data: {cfg.seqlen} tokens per step, packed documents of {cfg.min_doc}-"
           f"{cfg.max_doc} tokens repeating short motifs ({len(offsets0) - 1} documents at "
           f"step 1); {cfg.steps} steps of SGD (momentum 0.9) lr {cfg.lr}, seed {cfg.seed}")
-    print(f"context parallel: boundary={cfg.boundary}, exchange={cfg.exchange}; gradients "
-          "all-gathered and summed in rank order")
+    segments = f" (segments of {cfg.segment_size})" if cfg.boundary == "segment" else ""
+    print(f"context parallel: boundary={cfg.boundary}{segments}, exchange={cfg.exchange}; "
+          "gradients all-gathered and summed in rank order")
     print()
 
     t0 = time.perf_counter()

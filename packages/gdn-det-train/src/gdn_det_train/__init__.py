@@ -21,11 +21,16 @@ from gdn_core.layout import VarlenLayout
 from gdn_det_train._typed import DetGrads, DetSavedSet, DetWorkspace
 from gdn_det_train.api import chunk_gated_delta_rule_det, chunk_gdn_det_bwd, chunk_gdn_det_fwd
 from gdn_det_train.conv import causal_conv1d_det
+from gdn_det_train.integrations import restore_transformers, use_in_transformers
+from gdn_det_train.layers import GatedDeltaNet
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GatedDeltaNet",
     "VarlenLayout",
+    "restore_transformers",
+    "use_in_transformers",
     "DetGrads",
     "DetSavedSet",
     "DetWorkspace",

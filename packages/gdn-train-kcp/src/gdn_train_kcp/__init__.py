@@ -25,6 +25,7 @@ from gdn_train_kcp.gdn import (
     chunk_gdn_fwd_kcp,
     chunk_gdn_fwd_kcp_simulated,
 )
+from gdn_train_kcp.layers import GatedDeltaNetKCP
 from gdn_train_kcp.plan import (
     KCPContext,
     KCPPlan,
@@ -37,6 +38,7 @@ from gdn_train_kcp.plan import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "GatedDeltaNetKCP",
     "KCPContext",
     "KCPGrads",
     "KCPPlan",

@@ -18,11 +18,16 @@ from gdn_core.layout import VarlenLayout
 from gdn_train._typed import Grads, SavedSet, Workspace
 from gdn_train.api import chunk_gated_delta_rule, chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_train.conv import causal_conv1d
+from gdn_train.integrations import restore_transformers, use_in_transformers
+from gdn_train.layers import GatedDeltaNet
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GatedDeltaNet",
     "VarlenLayout",
+    "restore_transformers",
+    "use_in_transformers",
     "Grads",
     "SavedSet",
     "Workspace",

@@ -12,7 +12,7 @@
 * :mod:`~gdn_core.kcp.testing` — spawn a gloo world of processes (tests).
 
 The training packages ``gdn_train_kcp`` and ``gdn_det_train_kcp`` wrap these
-in their own mode-typed classes and public names (DESIGN §3, issue 8).
+in their own mode-typed classes and public names (docs/context-parallel.md).
 """
 
 from gdn_core.kcp.compose import (

@@ -123,7 +123,7 @@ def _fold_tile(acc, p_m, s_mk, p_s, o_k, m_k, o_v, m_v,
     slices of ``j`` in increasing order (unrolled ``BU`` rows at a time, so that
     the loads of a block are in flight together). ``S`` rows have stride ``V``;
     ``M`` rows stride ``s_mk`` (unit columns). ``Mᵀ`` is read through the strides,
-    never ``tl.trans`` (DESIGN §5)."""
+    never ``tl.trans`` (docs/machines.md)."""
     for j1 in range(0, BK, BU):
         for j0 in tl.static_range(0, BU, BJ):
             o_j = j1 + j0 + tl.arange(0, BJ)

@@ -22,7 +22,7 @@ Boundary policies (where the cuts may fall):
 * ``"segment"`` — like ``"chunk"`` with ``segment_size`` (a multiple of
   ``chunk_size``) in place of the chunk size: cuts fall on document starts or
   on segment boundaries ``bos + m·segment_size`` (the unit of the planned
-  partition-invariant deterministic path, DESIGN §3).
+  partition-invariant deterministic path, docs/context-parallel.md).
 
 All policies finish with a monotone pass (``cuts[r] = max(cuts[r], cuts[r-1])``),
 so shards never overlap even when the sequence is shorter than the world.

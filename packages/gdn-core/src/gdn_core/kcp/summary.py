@@ -1,6 +1,6 @@
 """Per-fragment state summaries ``(M, S_ext)`` for context parallelism.
 
-A run of chunks is an affine map of the state it starts from (DESIGN §3)::
+A run of chunks is an affine map of the state it starts from (docs/context-parallel.md)::
 
     S_out = M S_in + S_ext,   M = Π_c M_c,   M_c = exp(G_last) I − (K_c ⊙ exp(G_last − G))ᵀ W_c
 

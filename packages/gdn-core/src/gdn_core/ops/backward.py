@@ -1,6 +1,6 @@
 """The composed chunked GDN backward on the Triton kernels.
 
-Stages (DESIGN.md §2), flat token layout, value head ``hv`` uses q/k head
+Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
 ``hv // group``:
 
 0. recompute ``G`` (if not saved), ``W, U`` from the forward's saved inverse
