@@ -31,7 +31,7 @@ use_qk_l2norm_in_kernel=False) -> (o, final_state)``):
   autograd); for smoke tests of this script only.
 
 Every arm of one run gets the same inputs (seeded, layer-like: see
-``common.make_gdn_inputs``; ``--gate anchor`` uses DESIGN.md §6's gate).
+``common.make_gdn_inputs``; ``--gate anchor`` uses docs/performance.md's gate).
 Reported per shape and arm: median ms of the forward and of forward+backward
 (backward of ``sum(o * do)``, i.e. ``autograd.grad(o, inputs, do)``), ratios
 against fla (``fla_ms / arm_ms``, > 1 means the arm is faster) and of every
@@ -98,7 +98,7 @@ DEFAULT_ACC_SHAPES = {
     "cuda": "B1,T512,H16;B1,T5000,H16;B1,T512,H16,HV32,D3",  # T5000: two segments
     "cpu": "B1,T128,H2,K32,V32;B1,T128,H1,HV2,K32,V32,D3",
 }
-# FlashQLA 0.1.3 on the H200, bf16 (DESIGN.md §6: triton.testing.do_bench,
+# FlashQLA 0.1.3 on the H200, bf16 (docs/performance.md: triton.testing.do_bench,
 # g = logsigmoid(randn)/16): (fwd ms, fwd+bwd ms, peak extra MiB of fwd+bwd).
 ANCHOR_FLASHQLA_MS: dict[str, tuple[float, float, float]] = {
     s.spec: ms for s, ms in zip(ANCHOR_SHAPES, [
@@ -593,7 +593,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- inputs: {cfg['dtype']} (g {cfg['g_dtype']}), seed {cfg['seed']}, q/k "
         + ("L2-normalised in the kernel (use_qk_l2norm_in_kernel=True)"
            if cfg["qk_l2norm_in_kernel"] else "L2-normalised before the call")
-        + ("; g = logsigmoid(randn)/16, beta = sigmoid(rand) (DESIGN.md §6)"
+        + ("; g = logsigmoid(randn)/16, beta = sigmoid(rand) (docs/performance.md)"
            if cfg.get("gate") == "anchor" else
            "; g = -A·softplus(x + dt_bias), beta = sigmoid(randn) (common.make_gdn_inputs)")
         + "; no initial state, no final state"
@@ -729,7 +729,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default, auto_cp=True), flashqla-exact (auto_cp=False)")
     p.add_argument("--gate", choices=GATES, default="layer",
                    help="g and beta: 'layer' (default; common.make_gdn_inputs: the GDN layer's "
-                        "gate at initialisation) or 'anchor' (DESIGN.md §6: g = "
+                        "gate at initialisation) or 'anchor' (docs/performance.md: g = "
                         "logsigmoid(randn)/16, beta = sigmoid(rand))")
     p.add_argument("--warmup", type=int, default=10, help="untimed calls first (default 10)")
     p.add_argument("--iters", type=int, default=50, help="timed calls, median taken (default 50)")

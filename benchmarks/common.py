@@ -8,7 +8,7 @@ import it as ``common`` (they put their own folder on ``sys.path``):
 * :class:`GDNShape`, :func:`parse_shapes`, :func:`doc_lengths`,
   :func:`make_gdn_inputs` — problem sizes written like ``B1,T8192,H16,HV32,D8``
   and seeded, layer-like inputs for them (packed documents of varied length);
-  :func:`with_anchor_gate` — the same with DESIGN.md §6's g and beta.
+  :func:`with_anchor_gate` — the same with docs/performance.md's g and beta.
 * :func:`time_fn`, :class:`Timing` — median-of-N timing with CUDA events (host
   clock on CPU), with an optional L2 flush between iterations.
 * :class:`MemoryTracker` — peak device memory of a region above its baseline.
@@ -362,7 +362,7 @@ def make_gdn_inputs(
 
 
 def with_anchor_gate(inputs: GDNInputs, *, seed: int = 0) -> GDNInputs:
-    """``inputs`` with g and beta redrawn as DESIGN.md §6's anchor figures were measured.
+    """``inputs`` with g and beta redrawn as docs/performance.md's anchor figures were measured.
 
     ``g = logsigmoid(N(0, 1)) / 16`` (per token ≈ −0.05 on average: every head
     decays at the same moderate rate) and ``beta = sigmoid(U(0, 1))``, drawn in
