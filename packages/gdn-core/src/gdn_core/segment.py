@@ -50,8 +50,8 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE, ChunkIndex
-from gdn_core.compose import GDNGrads, GDNSaved
 from gdn_core.hostcache import LRUCache, capturing, device_key
+from gdn_core.saved import GDNGrads, GDNSaved
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -526,8 +526,10 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     """Phase 1: the chunk-local stages and every needed segment summary.
 
     Inputs as :func:`gdn_core.compose.chunk_gdn_fwd` (validated by the caller);
-    ``layout`` over their flat token axis; ``index``: the layout's chunk table
-    on the device (built here when ``None``; triton backend).
+    ``layout`` over their flat token axis; ``index``: the chunk table of its
+    segments on the device (triton backend; ``None``: the layout's own,
+    :meth:`SegmentLayout.index`) — for a trivial layout, any table of its
+    documents (a :class:`~gdn_core.layout.PaddedChunkIndex` included).
     """
     st = SegmentForward(layout, backend, deterministic, shapes, float(scale),
                         bool(use_qk_l2norm_in_kernel), (q, k, v, g, beta), initial_state)
@@ -544,9 +546,8 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     from gdn_core.ops.l2norm import l2norm_fwd
     from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
-    tabs = L.tables(v.device)
     if index is None:
-        index = tabs.index
+        index = L.tables(v.device).index
     st.index = index
     # the kernels read unit-stride rows: q/k/v arrive as views of a packed projection
     qf, kf, vf, gf, bf = (_flat(x).contiguous() for x in (q, k, v, g, beta))
@@ -560,7 +561,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     A_inv, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group)
     st.A_inv = inverse_for_backward(A_inv, st.k_used, vf)
     if want:
-        need = tabs.fwd_need
+        need = L.tables(v.device).fwd_need
         _, _, st.summ = chunk_state_fwd(
             st.k_used, st.W, st.U, st.G, index, s.group, output_final_state=True,
             store_states=False, state_width=s.V + s.K, identity_state=True,
