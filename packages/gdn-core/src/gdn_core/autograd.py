@@ -1,14 +1,12 @@
 """What the single-rank training packages have in common above the composition:
-its ``torch.autograd.Function``, the split API's drivers, and the mode-typed
+its ``torch.autograd.Function`` and the mode-typed
 bases of their saved sets, workspaces and gradients.
 
 * :class:`ChunkGDNFunction` / :func:`chunk_gdn_autograd` — the differentiable
   call (gradients for ``q, k, v, g, beta, initial_state, A_log, dt_bias``).
 * :class:`TrainSaved`, :class:`TrainWorkspace`, :class:`TrainGrads` — bases a
-  package subclasses once per mode (``deterministic = True``/``False``);
-  :func:`train_fwd` / :func:`train_bwd` drive them. Type checks against the
-  package's own classes (:func:`gdn_core.typed.require_instance`) happen in the
-  package, before anything here runs.
+  package subclasses once per mode (``deterministic = True``/``False``); the
+  package's public calls (:mod:`gdn_core.frontend`) drive them.
 """
 
 from __future__ import annotations
@@ -20,11 +18,11 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import CHUNK_SIZE
-from gdn_core.compose import bwd, check_backward_args, fwd
+from gdn_core.compose import bwd, fwd
 from gdn_core.custom_ops import register_handle
 from gdn_core.plan import make_plan, resolve_backend
 from gdn_core.saved import GateSaved, GDNSaved
-from gdn_core.typed import TypedSaved, TypedWorkspace, mode_name
+from gdn_core.typed import TypedSaved, TypedWorkspace
 from gdn_core.validation import GDNShapes
 
 __all__ = [
@@ -32,8 +30,6 @@ __all__ = [
     "TrainSaved",
     "TrainWorkspace",
     "TrainGrads",
-    "train_fwd",
-    "train_bwd",
     "ChunkGDNFunction",
     "chunk_gdn_autograd",
 ]
@@ -230,53 +226,8 @@ class TrainWorkspace(TypedWorkspace):
 
 
 # --------------------------------------------------------------------------
-# The split API and the autograd call
+# The autograd call
 # --------------------------------------------------------------------------
-
-
-def train_fwd(
-    saved_cls: type[TrainSaved],
-    q, k, v, g, beta, *, workspace: TrainWorkspace | None = None, **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None, TrainSaved]:
-    """The split API's forward in ``saved_cls``'s mode: plan (every check, and
-    ``workspace``'s fit if given), :func:`~gdn_core.compose.fwd`, wrapped into a
-    ``saved_cls``. ``kwargs``: :func:`~gdn_core.plan.make_plan`'s."""
-    plan = make_plan(q, k, v, g, beta, deterministic=bool(saved_cls.deterministic), **kwargs)
-    if workspace is not None:
-        workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
-    o, final, core, gate = fwd(plan, q, k, v, g, beta, kwargs.get("initial_state"),
-                               kwargs.get("A_log"), kwargs.get("dt_bias"))
-    return o, final, saved_cls(core, gate)
-
-
-def train_bwd(
-    saved: TrainSaved,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    *,
-    workspace: TrainWorkspace | None,
-    grads_cls: type[TrainGrads],
-) -> TrainGrads:
-    """Backward of a package's saved set (already type-checked by the package).
-
-    Raises ``ValueError`` — before any computation — for a workspace of the
-    other mode or that does not fit, or ``do``/``dht`` that do not fit.
-    """
-    det = bool(saved.deterministic)
-    core = saved.core
-    core_ws = None
-    if workspace is not None:
-        if workspace.deterministic != det:
-            raise ValueError(
-                f"workspace must be a {mode_name(det)} workspace, got "
-                f"{type(workspace).__qualname__} ({workspace.mode})"
-            )
-        workspace.check_shapes(core.shapes, core.device, core.k.dtype, core.backend)
-        core_ws = workspace.core_for(core)
-    check_backward_args(core, do, dht, det)
-    grads, dA_log, ddt_bias = bwd(core, saved.gate, do, dht, workspace=core_ws)
-    return grads_cls(grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dh0,
-                     dA_log, ddt_bias)
 
 
 class ChunkGDNFunction(torch.autograd.Function):

@@ -23,6 +23,7 @@ Backends (chosen here, once; the composition's callers never branch on it):
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,7 +31,7 @@ import torch
 
 from gdn_core.chunking import ChunkIndex, chunk_index
 from gdn_core.gate import validate_gate_params
-from gdn_core.hostcache import LRUCache, capturing
+from gdn_core.hostcache import capturing
 from gdn_core.segment import SegmentLayout, choose_segment_size, resolve_segment_size
 from gdn_core.validation import GDNShapes, validate_gdn_inputs
 
@@ -111,17 +112,13 @@ class GDNPlan:
     cu_host: torch.Tensor | None
 
 
-_PLANS = LRUCache()
+#: Plans kept (least recently used dropped): a run alternates between a handful of
+#: layouts and shapes per layer. An ``OrderedDict`` read and written in C: the
+#: lookup on a hit is one dictionary access, no Python call.
+PLAN_CACHE_SIZE = 64
+_PLANS: OrderedDict[Any, GDNPlan] = OrderedDict()
 
 
-def _offsets_key(cu_seqlens: Any, index: ChunkIndex | None) -> Any:
-    if index is not None:  # a VarlenLayout's padded table: its identity (the plan holds it)
-        return ("index", id(index), index.offsets, _offsets_key(cu_seqlens, None))
-    if cu_seqlens is None:
-        return None
-    if isinstance(cu_seqlens, torch.Tensor):
-        return (cu_seqlens.dtype in _INT_DTYPES, cu_seqlens.dim(), tuple(cu_seqlens.tolist()))
-    return (True, 1, tuple(cu_seqlens))
 
 
 def make_plan(
@@ -148,7 +145,8 @@ def make_plan(
 
     ``index``: a prebuilt chunk table of the documents (e.g. a
     :class:`~gdn_core.layout.PaddedChunkIndex`, or a KCP context's), used when
-    the layout has no segments (``cu_seqlens`` defaults to its offsets).
+    the layout has no segments (``cu_seqlens`` defaults to its offsets). Its
+    identity is part of the key (a cached plan holds the table it was made with).
 
     Raises:
         TypeError, ValueError: as :func:`~gdn_core.validation.validate_gdn_inputs`,
@@ -157,6 +155,12 @@ def make_plan(
             :func:`resolve_backend` document.
     """
     env = os.environ
+    if cu_seqlens is None:
+        offsets = None
+    elif isinstance(cu_seqlens, torch.Tensor):  # the dtype and rank are checked too
+        offsets = (cu_seqlens.dtype in _INT_DTYPES, cu_seqlens.dim(), tuple(cu_seqlens.tolist()))
+    else:
+        offsets = (True, 1, tuple(cu_seqlens))
     try:
         key = (
             q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device,
@@ -165,9 +169,9 @@ def make_plan(
             (initial_state.shape, initial_state.dtype, initial_state.device),
             None if A_log is None else (A_log.shape, A_log.dtype, A_log.device),
             None if dt_bias is None else (dt_bias.shape, dt_bias.dtype, dt_bias.device),
-            _offsets_key(cu_seqlens, index), type(scale), scale, bool(output_final_state),
-            bool(use_qk_l2norm_in_kernel), type(use_gate_in_kernel), use_gate_in_kernel,
-            bool(deterministic), backend, type(segment_size), segment_size,
+            offsets, None if index is None else id(index), type(scale), scale,
+            bool(output_final_state), bool(use_qk_l2norm_in_kernel), type(use_gate_in_kernel),
+            use_gate_in_kernel, bool(deterministic), backend, type(segment_size), segment_size,
             env.get("GDN_CORE_BACKEND"), env.get("TRITON_INTERPRET"),
         )
         hash(key)
@@ -176,6 +180,10 @@ def make_plan(
     if key is not None:
         got = _PLANS.get(key)
         if got is not None:
+            try:
+                _PLANS.move_to_end(key)
+            except KeyError:  # evicted by another thread meanwhile: still a valid plan
+                pass
             return got
     plan = _build(q, k, v, g, beta, deterministic=bool(deterministic), scale=scale,
                   initial_state=initial_state, output_final_state=bool(output_final_state),
@@ -183,7 +191,9 @@ def make_plan(
                   gate=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, backend=backend,
                   segment_size=segment_size, index=index)
     if key is not None and not capturing(q.device):
-        _PLANS.put(key, plan)
+        _PLANS[key] = plan
+        while len(_PLANS) > PLAN_CACHE_SIZE:
+            _PLANS.popitem(last=False)
     return plan
 
 

@@ -144,6 +144,9 @@ class SegmentLayout:
             earlier rank (its first segment is not the document's first).
         last_continues: the last document goes on on a later rank.
         has_h0: the documents start from given initial states.
+        num_docs, num_segments: the counts (plain attributes, set once).
+        trivial: one segment per document and nothing continuing — the plain
+            chunked path (no summaries, no fold).
     """
 
     segment_size: int
@@ -153,6 +156,17 @@ class SegmentLayout:
     first_continues: bool = False
     last_continues: bool = False
     has_h0: bool = False
+    num_docs: int = field(init=False)
+    num_segments: int = field(init=False)
+    trivial: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "num_docs", len(self.doc_offsets) - 1)
+        set_(self, "num_segments", len(self.seg_offsets) - 1)
+        # one segment per document and nothing continuing: the plain path
+        set_(self, "trivial", self.num_segments == self.num_docs and not self.first_continues
+             and not self.last_continues)
 
     @classmethod
     def build(cls, doc_offsets, segment_size: int, *, first_continues: bool = False,
@@ -180,14 +194,6 @@ class SegmentLayout:
             seg.append(b)
             doc_segs.append(len(seg) - 1)
         return cls(S, offs, tuple(seg), tuple(doc_segs), first_continues, last_continues, has_h0)
-
-    @property
-    def num_docs(self) -> int:
-        return len(self.doc_offsets) - 1
-
-    @property
-    def num_segments(self) -> int:
-        return len(self.seg_offsets) - 1
 
     @cached_property
     def seg_doc(self) -> tuple[int, ...]:
@@ -229,12 +235,6 @@ class SegmentLayout:
     def need_P(self) -> tuple[bool, ...]:
         """Segments whose own initial-state gradient the backward fold reads."""
         return tuple(not f for f in self.is_first)
-
-    @property
-    def trivial(self) -> bool:
-        """One segment per document and nothing continuing: the plain path."""
-        return (self.num_segments == self.num_docs and not self.first_continues
-                and not self.last_continues)
 
     @cached_property
     def first_rows(self) -> tuple[int, ...]:
@@ -550,7 +550,9 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
         index = L.tables(v.device).index
     st.index = index
     # the kernels read unit-stride rows: q/k/v arrive as views of a packed projection
-    qf, kf, vf, gf, bf = (_flat(x).contiguous() for x in (q, k, v, g, beta))
+    qf, kf, vf = q.flatten(0, 1).contiguous(), k.flatten(0, 1).contiguous(), \
+        v.flatten(0, 1).contiguous()
+    gf, bf = g.flatten(0, 1).contiguous(), beta.flatten(0, 1).contiguous()
     st.v_flat, st.g_flat, st.beta_flat = vf, gf, bf
     if st.l2:
         st.q_used, st.q_rstd = l2norm_fwd(qf)
@@ -754,11 +756,10 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     bst = SegmentBackward(saved, do, dht, deterministic, workspace)
     s = saved.shapes
     need = any(L.need_P)
-    sd = bst.state_dtype
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
     if saved.backend == "reference":
         if need and not L.trivial:
-            D0 = _doc_last_dht(L, dht, L.num_segments, sd)
+            D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
             bst.P = _reference_state_grad(saved, do, init, D0)
         return bst
 
@@ -772,7 +773,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     q, k, v, beta, G = saved.q, saved.k, saved.v, saved.beta, saved.G
     T, H, K = k.shape
     group = s.group
-    bst.do_flat = _flat(do).to(k.dtype).contiguous()
+    bst.do_flat = do.flatten(0, 1).to(k.dtype).contiguous()
     l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None  # as segment_bwd_finish
     bst.workspace, ws = resolve_workspace(
         workspace, deterministic=deterministic,
@@ -796,7 +797,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
     if need and not L.trivial:
-        D0 = _doc_last_dht(L, dht, L.num_segments, sd)
+        D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
         flags = L.tables(k.device).bwd_need
         _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
                                       saved.scale, index, group, store=False, need=flags)
@@ -837,9 +838,8 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
     Returns the first segment's ``dS_in`` when ``want_first`` (the ring's
     send), else ``None``.
     """
-    L = bst.layout
     saved = bst.saved
-    s = saved.shapes
+    L, s = saved.segments, saved.shapes
     if L.trivial:
         bst.D = None
         return None
@@ -869,11 +869,6 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
     return out[ch.extra_row] if (want_first and ch.extra_row is not None) else None
 
 
-def _own_fp32(D: torch.Tensor | None) -> torch.Tensor | None:
-    """The fold's ``D`` when the entry-state gradients may overwrite it (fp32), else ``None``."""
-    return D if D is not None and D.dtype == torch.float32 else None
-
-
 def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
     """Phase 3: the full backward of every segment with ``dht = D``."""
     saved = bst.saved
@@ -894,7 +889,8 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
             scale=saved.scale, index=saved.index, do=bst.do_flat, dht=D,
             g_dtype=saved.g.dtype, deterministic=bst.deterministic, workspace=bst.workspace,
             dqk_dtype=torch.float32 if l2 else None, dv_local=bst.dv_local,
-            num_docs=s.num_docs, dh0=_own_fp32(bst.D),
+            num_docs=s.num_docs,  # the entry-state gradients may overwrite the fold's fp32 D:
+            dh0=bst.D if bst.D is not None and bst.D.dtype == torch.float32 else None,
         )
         if l2:
             from gdn_core.ops.l2norm import l2norm_bwd

@@ -31,19 +31,20 @@ API and of :func:`gdn_core.autograd.chunk_gdn_autograd`.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Any
 
 import torch
 
 from gdn_core.compose import bwd, fwd
 from gdn_core.conv1d import causal_conv1d_bwd, causal_conv1d_fwd, validate_conv1d_inputs
-from gdn_core.custom_ops import autograd_enabled, define_op, is_compiling, lookup, object_handle
+from gdn_core.custom_ops import autograd_enabled, define_op, lookup
 from gdn_core.layout import VarlenLayout
 from gdn_core.ops.wy import inverse_for_backward
 from gdn_core.plan import GDNPlan, make_plan, resolve_backend, saved_state_rows
 from gdn_core.saved import GateSaved, GDNSaved
 
-__all__ = ["SAVED_OUTPUTS", "TrainOps", "define_train_ops"]
+__all__ = ["SAVED_OUTPUTS", "TrainOps", "define_train_ops", "layout_segment_size", "op_plan"]
 
 Tensor = torch.Tensor
 
@@ -52,25 +53,7 @@ SAVED_OUTPUTS = ("q_used", "k_used", "q_rstd", "k_rstd", "g_used", "G", "A_inv",
                  "seg_summ")
 
 
-def _state_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _layout(layout: Tensor | None, cu_seqlens: Tensor | None, T: int) -> VarlenLayout | None:
-    """The :class:`VarlenLayout` behind a handle (checked against the inputs), or ``None``."""
-    if layout is None:
-        return None
-    lay = lookup(layout, "cu_seqlens (VarlenLayout)")
-    if not isinstance(lay, VarlenLayout):
-        raise ValueError(f"layout handle names a {type(lay).__name__}, not a VarlenLayout")
-    if lay.total_tokens != T:
-        raise ValueError(f"the layout covers T={lay.total_tokens} tokens, the inputs hold {T}")
-    if cu_seqlens is not None and tuple(cu_seqlens.shape) != (lay.max_docs + 1,):
-        raise ValueError("cu_seqlens does not match the layout's padded table")
-    return lay
-
-
-def _layout_segment_size(segment_size: int | None) -> int:
+def layout_segment_size(segment_size: int | None) -> int:
     """A :class:`VarlenLayout` runs the plain chunked path (``segment_size=0``): the
     segment tables would follow the layout, the kernels must read only the
     layout's fixed-size ones (see :mod:`gdn_core.layout`)."""
@@ -82,27 +65,35 @@ def _layout_segment_size(segment_size: int | None) -> int:
     return 0
 
 
-def _op_plan(deterministic: bool, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
+def op_plan(deterministic: bool, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
              layout, scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
              backend, segment_size) -> GDNPlan:
-    """The plan of an op call (the public call's, from the cache)."""
-    lay = _layout(layout, cu_seqlens, q.shape[1])
-    if lay is not None:
-        cu_seqlens, segment_size = lay.padded_offsets, _layout_segment_size(segment_size)
+    """The plan of an op call: the public call's, from the cache (``layout``: the
+    handle of a :class:`VarlenLayout`, checked against the inputs)."""
+    index = None
+    if layout is not None:
+        lay = lookup(layout, "cu_seqlens (VarlenLayout)")
+        if not isinstance(lay, VarlenLayout):
+            raise ValueError(f"layout handle names a {type(lay).__name__}, not a VarlenLayout")
+        if lay.total_tokens != q.shape[1]:
+            raise ValueError(f"the layout covers T={lay.total_tokens} tokens, the inputs hold "
+                             f"{q.shape[1]}")
+        if cu_seqlens is not None and tuple(cu_seqlens.shape) != (lay.max_docs + 1,):
+            raise ValueError("cu_seqlens does not match the layout's padded table")
+        cu_seqlens, index = lay.padded_offsets, lay.index
+        segment_size = layout_segment_size(segment_size)
     return make_plan(q, k, v, g, beta, deterministic=deterministic, scale=scale,
                      initial_state=initial_state, output_final_state=output_final_state,
                      cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-                     backend=backend, segment_size=segment_size,
-                     index=None if lay is None else lay.index)
+                     backend=backend, segment_size=segment_size, index=index)
 
 
 def _saved_outputs(plan: GDNPlan, saved: GDNSaved, like: Tensor) -> tuple[Tensor, ...]:
     """The forward op's :data:`SAVED_OUTPUTS` from the composition's saved set
     (a fresh empty tensor where the plan has none: outputs never alias)."""
-    l2 = plan.use_qk_l2norm_in_kernel and plan.backend == "triton"
     s = plan.shapes
-    sd = _state_dtype(saved.q.dtype)
+    sd = torch.float64 if saved.q.dtype == torch.float64 else torch.float32
     rows = plan.state_rows
     if rows:
         states = like.new_empty(rows, s.HV, s.K, s.V, dtype=sd)
@@ -113,12 +104,17 @@ def _saved_outputs(plan: GDNPlan, saved: GDNSaved, like: Tensor) -> tuple[Tensor
             summ[: saved.seg_summ.shape[0]].copy_(saved.seg_summ)
     else:
         states, summ = like.new_empty(0, dtype=sd), like.new_empty(0, dtype=sd)
-
-    def opt(t: Tensor | None, keep: bool = True) -> Tensor:
-        return t if keep and t is not None else like.new_empty(0, dtype=sd)
-
-    return (opt(saved.q, l2), opt(saved.k, l2), opt(saved.q_rstd, l2), opt(saved.k_rstd, l2),
-            opt(saved.g, plan.use_gate_in_kernel), opt(saved.G), opt(saved.A_inv), states, summ)
+    if plan.use_qk_l2norm_in_kernel and plan.backend == "triton":
+        qk = (saved.q, saved.k, saved.q_rstd, saved.k_rstd)
+    else:
+        qk = (like.new_empty(0, dtype=sd), like.new_empty(0, dtype=sd),
+              like.new_empty(0, dtype=sd), like.new_empty(0, dtype=sd))
+    g = saved.g if plan.use_gate_in_kernel else like.new_empty(0, dtype=sd)
+    if saved.G is None:  # the reference backend recomputes everything from the inputs
+        G, A_inv = like.new_empty(0, dtype=sd), like.new_empty(0, dtype=sd)
+    else:
+        G, A_inv = saved.G, saved.A_inv
+    return (*qk, g, G, A_inv, states, summ)
 
 
 def _saved_from_op(plan: GDNPlan, q, k, v, g, beta, initial_state, q_used, k_used, q_rstd,
@@ -151,7 +147,8 @@ def _saved_from_op(plan: GDNPlan, q, k, v, g, beta, initial_state, q_used, k_use
 
 
 class TrainOps:
-    """The ops of one namespace and the calls that route a package's public API to them.
+    """The ops of one namespace (the public calls that reach them:
+    :class:`gdn_core.frontend.SingleRankAPI`).
 
     Attributes: ``gdn``, ``gdn_bwd``, ``conv``, ``conv_bwd`` — the registered
     ops (``torch.ops.<ns>.<name>``); ``namespace``; ``deterministic``.
@@ -176,12 +173,13 @@ class TrainOps:
             use_gate_in_kernel: bool, backend: str | None, segment_size: int | None,
         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
                    Tensor, Tensor]:
-            plan = _op_plan(det, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
+            plan = op_plan(det, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
                             layout, scale, output_final_state, use_qk_l2norm_in_kernel,
                             use_gate_in_kernel, backend, segment_size)
             o, final, saved, _ = fwd(plan, q, k, v, g, beta, initial_state, A_log, dt_bias)
             if final is None:
-                final = v.new_empty(0, dtype=_state_dtype(q.dtype))
+                final = v.new_empty(0, dtype=torch.float64 if q.dtype == torch.float64
+                                    else torch.float32)
             return (o, final, *_saved_outputs(plan, saved, v))
 
         def gdn_fwd_fake(q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, layout,
@@ -191,7 +189,7 @@ class TrainOps:
             H, K = q.shape[2], q.shape[3]
             BT = B * T
             N = cu_seqlens.shape[0] - 1 if cu_seqlens is not None else B
-            sd = _state_dtype(q.dtype)
+            sd = torch.float64 if q.dtype == torch.float64 else torch.float32
             triton = resolve_backend(q.device, q.dtype, backend) == "triton"
             l2 = use_qk_l2norm_in_kernel and triton
             rows = 0 if layout is not None else saved_state_rows(N, T, BT, segment_size)
@@ -227,7 +225,7 @@ class TrainOps:
             scale: float | None, output_final_state: bool, use_qk_l2norm_in_kernel: bool,
             use_gate_in_kernel: bool, backend: str | None, segment_size: int | None,
         ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-            plan = _op_plan(det, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
+            plan = op_plan(det, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
                             layout, scale, output_final_state, use_qk_l2norm_in_kernel,
                             use_gate_in_kernel, backend, segment_size)
             saved = _saved_from_op(plan, q, k, v, g, beta, initial_state, q_used, k_used,
@@ -237,14 +235,16 @@ class TrainOps:
             if workspace is not None:
                 ws = lookup(workspace, "workspace").core_for(saved)
             dht = dfinal if (output_final_state and dfinal is not None) else None
-            with autograd_enabled():  # the reference backend differentiates its fp32 oracle
+            # the reference backend differentiates its fp32 oracle: autograd inside the op
+            with autograd_enabled() if plan.backend == "reference" else nullcontext():
                 grads, dA_log, ddt_bias = bwd(saved, gate, do.contiguous(), dht, workspace=ws)
-            def opt(t: Tensor | None) -> Tensor:  # a fresh empty tensor: outputs never alias
-                return do.new_empty(0, dtype=torch.float32) if t is None else t
-
-            dh0 = None if initial_state is None else grads.dh0.to(initial_state.dtype)
-            return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, opt(dh0), opt(dA_log),
-                    opt(ddt_bias))
+            # a fresh empty tensor where a gradient has no input: outputs never alias
+            f32 = torch.float32
+            dh0 = (do.new_empty(0, dtype=f32) if initial_state is None
+                   else grads.dh0.to(initial_state.dtype))
+            return (grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0,
+                    do.new_empty(0, dtype=f32) if dA_log is None else dA_log,
+                    do.new_empty(0, dtype=f32) if ddt_bias is None else ddt_bias)
 
         def gdn_bwd_fake(do, dfinal, q, k, v, g, beta, initial_state, A_log, dt_bias, *_):
             def like(x):
@@ -279,48 +279,6 @@ class TrainOps:
         self.gdn = define_op(self.namespace, "chunk_gated_delta_rule", gdn_fwd,
                              fake=gdn_fwd_fake, backward=backward, setup_context=setup_context)
 
-    def chunk_gated_delta_rule(
-        self, q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False,
-        cu_seqlens=None, use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
-        dt_bias=None, workspace=None, backend=None, segment_size=None,
-    ) -> tuple[Tensor, Tensor | None]:
-        """Differentiable gated GDN through the ops: ``(o, final_state or None)``.
-
-        Eagerly every check runs here, once (the plan), before any computation;
-        ``workspace``'s fit too. Under ``torch.compile`` the op validates at run time.
-        """
-        layout = None
-        if isinstance(cu_seqlens, VarlenLayout):
-            lay = cu_seqlens
-            layout, cu_seqlens = lay.handle, lay.cu_seqlens
-            if not is_compiling():
-                _layout_segment_size(segment_size)
-                plan = _op_plan(self.deterministic, q, k, v, g, beta, initial_state, A_log,
-                                dt_bias, None, layout, scale, output_final_state,
-                                use_qk_l2norm_in_kernel, use_gate_in_kernel, backend,
-                                segment_size)
-                if workspace is not None:
-                    workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
-        elif not is_compiling():
-            plan = make_plan(q, k, v, g, beta, deterministic=self.deterministic, scale=scale,
-                             initial_state=initial_state, output_final_state=output_final_state,
-                             cu_seqlens=cu_seqlens,
-                             use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                             use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
-                             dt_bias=dt_bias, backend=backend, segment_size=segment_size)
-            if workspace is not None:
-                workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
-            cu_seqlens = plan.cu_host if cu_seqlens is not None else None
-        elif isinstance(cu_seqlens, (list, tuple)):
-            cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
-        ws = object_handle(workspace, "workspace") if workspace is not None else None
-        o, final, *_ = self.gdn(
-            q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, layout, ws,
-            None if scale is None else float(scale), bool(output_final_state),
-            bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), backend, segment_size,
-        )
-        return o, (final if output_final_state else None)
-
     # ------------------------------------------------------------- conv --
 
     def _define_conv(self) -> None:
@@ -330,7 +288,14 @@ class TrainOps:
                       ) -> tuple[Any, Any]:
             """``(host offsets | None, doc_pos | None)`` of an op call."""
             if layout is not None:
-                return None, _layout(layout, cu_seqlens, x.shape[1]).doc_pos
+                lay = lookup(layout, "cu_seqlens (VarlenLayout)")
+                if not isinstance(lay, VarlenLayout):
+                    raise ValueError(f"layout handle names a {type(lay).__name__}, not a "
+                                     "VarlenLayout")
+                if lay.total_tokens != x.shape[1]:
+                    raise ValueError(f"the layout covers T={lay.total_tokens} tokens, the "
+                                     f"inputs hold {x.shape[1]}")
+                return None, lay.doc_pos
             if cu_seqlens is None:
                 return None, None
             if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
@@ -390,9 +355,9 @@ class TrainOps:
         layout = None
         if isinstance(cu_seqlens, VarlenLayout):
             layout, cu_seqlens = cu_seqlens.handle, None
-            if not is_compiling():
+            if not torch.compiler.is_compiling():
                 validate_conv1d_inputs(x, weight, bias, activation, None, halo)
-        elif not is_compiling():
+        elif not torch.compiler.is_compiling():
             offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
             if offsets is not None:
                 cu_seqlens = torch.tensor(offsets, dtype=torch.int64)
