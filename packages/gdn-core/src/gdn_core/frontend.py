@@ -28,7 +28,7 @@ from gdn_core.custom_ops import object_handle
 from gdn_core.layout import VarlenLayout
 from gdn_core.plan import make_plan
 from gdn_core.train_ops import TrainOps, define_train_ops, layout_segment_size, op_plan
-from gdn_core.typed import require_instance
+from gdn_core.typed import mode_name, require_instance
 
 __all__ = ["SingleRankAPI"]
 
@@ -104,7 +104,10 @@ class SingleRankAPI:
             :class:`~gdn_core.autograd.TrainWorkspace`,
             :class:`~gdn_core.autograd.TrainGrads` of that mode).
 
-    Attributes: ``ops`` (the :class:`~gdn_core.train_ops.TrainOps`), and the arguments.
+    Attributes: ``ops`` (the :class:`~gdn_core.train_ops.TrainOps`), ``mode``
+    (``"deterministic"`` / ``"non-deterministic"``), the arguments, and the
+    functions made so far: ``autograd``, ``fwd``, ``bwd``, ``conv`` (what the
+    shared test suites of :mod:`gdn_core.suites` call).
     """
 
     def __init__(self, module: str, *, deterministic: bool, saved_cls: type[TrainSaved],
@@ -117,6 +120,8 @@ class SingleRankAPI:
         self.deterministic = deterministic
         self.saved_cls, self.workspace_cls, self.grads_cls = saved_cls, workspace_cls, grads_cls
         self.ops: TrainOps = define_train_ops(module, deterministic=deterministic)
+        self.mode = mode_name(deterministic)
+        self.autograd = self.fwd = self.bwd = self.conv = None
 
     def autograd_call(self, name: str, *, summary: str, mode: str, segments: str
                       ) -> Callable[..., tuple[Tensor, Tensor | None]]:
@@ -167,7 +172,8 @@ class SingleRankAPI:
             )
             return o, (final if output_final_state else None)
 
-        return _named(call, self.module, name, doc)
+        self.autograd = _named(call, self.module, name, doc)
+        return self.autograd
 
     def split_fwd(self, name: str, *, autograd: str, bwd: str
                   ) -> Callable[..., tuple[Tensor, Tensor | None, Any]]:
@@ -194,7 +200,8 @@ class SingleRankAPI:
                                                    dt_bias)
             return o, final, saved_cls(core, gate)
 
-        return _named(fwd, self.module, name, doc)
+        self.fwd = _named(fwd, self.module, name, doc)
+        return self.fwd
 
     def split_bwd(self, name: str, *, fwd: str, other: str) -> Callable[..., TrainGrads]:
         """The split API's backward ``name``: the package's gradients class (``fwd``:
@@ -216,7 +223,8 @@ class SingleRankAPI:
                 g, dA_log, ddt_bias = compose.bwd(core, saved.gate, do, dht, workspace=core_ws)
             return grads_cls(g.dq, g.dk, g.dv, g.dg, g.dbeta, g.dh0, dA_log, ddt_bias)
 
-        return _named(bwd, self.module, name, doc)
+        self.bwd = _named(bwd, self.module, name, doc)
+        return self.bwd
 
     def conv_call(self, name: str, *, summary: str, reduction: str) -> Callable[..., Tensor]:
         """The differentiable causal depthwise conv1d ``name``, through the op
@@ -229,4 +237,5 @@ class SingleRankAPI:
                  cu_seqlens: Tensor | list[int] | VarlenLayout | None = None) -> Tensor:
             return ops.causal_conv1d(x, weight, bias, activation, cu_seqlens)
 
-        return _named(conv, self.module, name, doc)
+        self.conv = _named(conv, self.module, name, doc)
+        return self.conv

@@ -655,7 +655,8 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
             )
         o = o.reshape(s.B, s.T, s.HV, s.V).to(v.dtype)
         saved = GDNSaved(st.deterministic, "reference", s, st.scale, st.l2, q, k, v, g, beta,
-                         st.initial_state, segments=L, seg_states=st.S_in, seg_summ=st.summ)
+                         st.initial_state, segments=None if L.trivial else L, seg_states=st.S_in,
+                         seg_summ=st.summ)
     else:
         from gdn_core.ops.chunk_state import chunk_state_fwd
         from gdn_core.ops.output import chunk_output_fwd
@@ -670,7 +671,8 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         saved = GDNSaved(
             st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, st.v_flat,
             st.g_flat, st.beta_flat, st.initial_state, index=st.index, G=st.G,
-            q_rstd=st.q_rstd, k_rstd=st.k_rstd, segments=L, seg_states=st.S_in,
+            q_rstd=st.q_rstd, k_rstd=st.k_rstd, segments=None if L.trivial else L,
+            seg_states=st.S_in,
             seg_summ=st.summ, A_inv=st.A_inv,
         )
     final = None
@@ -752,13 +754,13 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
 
     ``do: [B,T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None`` (checked by the caller).
     """
-    L = saved.segments
+    L = saved.segments  # None: the plain chunked path (one segment per document)
     bst = SegmentBackward(saved, do, dht, deterministic, workspace)
     s = saved.shapes
-    need = any(L.need_P)
+    need = L is not None and any(L.need_P)
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
     if saved.backend == "reference":
-        if need and not L.trivial:
+        if need:
             D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
             bst.P = _reference_state_grad(saved, do, init, D0)
         return bst
@@ -796,7 +798,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     del U  # spent: v_new holds what the backward needs of it
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
-    if need and not L.trivial:
+    if need:
         D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
         flags = L.tables(k.device).bwd_need
         _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
@@ -840,7 +842,7 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
     """
     saved = bst.saved
     L, s = saved.segments, saved.shapes
-    if L.trivial:
+    if L is None:  # the plain path: nothing to fold
         bst.D = None
         return None
     n_remote = 0 if remote is None else remote.shape[0]
@@ -902,7 +904,7 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
         dv = dv.reshape(B, T, s.HV, s.V)
         dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     if want_h0:
-        if not L.trivial:
+        if L is not None:
             dh0 = dh0[L.tables(dh0.device).first_rows]
     else:
         dh0 = None
@@ -920,7 +922,8 @@ def _reference_grads(saved: GDNSaved, do, dht, init):
     with torch.enable_grad():
         o, final = chunk_gdn_reference(
             *(_as_packed(x) for x in leaves), scale=saved.scale, initial_state=h0,
-            output_final_state=dht is not None, cu_seqlens=list(L.seg_offsets),
+            output_final_state=dht is not None,
+            cu_seqlens=list(saved.shapes.offsets if L is None else L.seg_offsets),
             use_qk_l2norm_in_kernel=saved.use_qk_l2norm_in_kernel,
         )
         outs, grads = [o], [_as_packed(do).to(o.dtype)]

@@ -128,10 +128,11 @@ def _saved_from_op(plan: GDNPlan, q, k, v, g, beta, initial_state, q_used, k_use
     nseg = L.num_segments
     states = None if L.trivial else seg_states[:nseg]
     summ = seg_summ[:nseg] if any(L.need_E) else None
+    segments = None if L.trivial else L  # a saved set without segments: the plain path
     if plan.backend != "triton":
         return GDNSaved(plan.deterministic, plan.backend, s, plan.scale,
                         plan.use_qk_l2norm_in_kernel, q, k, v, g, beta, initial_state,
-                        segments=L, seg_states=states, seg_summ=summ)
+                        segments=segments, seg_states=states, seg_summ=summ)
     BT = s.B * s.T
     l2 = plan.use_qk_l2norm_in_kernel
     if not l2:
@@ -141,7 +142,7 @@ def _saved_from_op(plan: GDNPlan, q, k, v, g, beta, initial_state, q_used, k_use
         plan.deterministic, "triton", s, plan.scale, l2, q_used, k_used,
         v.reshape(BT, s.HV, s.V).contiguous(), g.reshape(BT, s.HV).contiguous(),
         beta.reshape(BT, s.HV).contiguous(), initial_state, index=plan.index, G=G,
-        q_rstd=q_rstd, k_rstd=k_rstd, segments=L, seg_states=states, seg_summ=summ,
+        q_rstd=q_rstd, k_rstd=k_rstd, segments=segments, seg_states=states, seg_summ=summ,
         A_inv=A_inv,
     )
 
