@@ -226,3 +226,27 @@ def test_train_ops_opcheck_and_fake_shapes():
         assert o.shape == v.shape and o.dtype == v.dtype
         assert final.shape == (3, 2, 16, 16) and final.dtype == torch.float32
         assert len(saved) == len(SAVED_OUTPUTS)
+
+
+def test_front_end_autograd_call_of_a_fixed_length_batch():
+    # B > 1 without cu_seqlens on the kernels: the op must get no offsets (B == 1 only)
+    from gdn_core import testkit
+    from gdn_core.autograd import TrainGrads, TrainSaved, TrainWorkspace
+    from gdn_core.frontend import SingleRankAPI
+
+    class Saved(TrainSaved):
+        deterministic = True
+
+    class Workspace(TrainWorkspace):
+        deterministic = True
+
+    class Grads(TrainGrads):
+        deterministic = True
+
+    api = SingleRankAPI("gdn_core_test_train", deterministic=True, saved_cls=Saved,
+                        workspace_cls=Workspace, grads_cls=Grads)
+    call = api.autograd_call("call", summary="", mode="", segments="")
+    inputs, cu, cot = testkit.make_inputs(B=2, T=70, H=1, HV=2, seed=9)
+    got = testkit.run_fwd_bwd(call, inputs, cu, cot, l2norm=True)
+    ref = testkit.run_fwd_bwd(testkit.reference_gdn, inputs, cu, cot, l2norm=True)
+    testkit.assert_close(got, ref, rtol=2e-5)

@@ -220,8 +220,7 @@ def _build(q, k, v, g, beta, *, deterministic, scale, initial_state, output_fina
         index = segments.index(q.device)
     elif index is None or index.offsets != shapes.offsets:
         index = chunk_index(shapes.offsets, q.device)
-    cu_host = (None if cu_seqlens is None and index is None
-               else torch.tensor(shapes.offsets, dtype=torch.int64))
+    cu_host = None if cu_seqlens is None else torch.tensor(shapes.offsets, dtype=torch.int64)
     return GDNPlan(
         shapes=shapes, deterministic=deterministic, backend=chosen,
         scale=float(shapes.K**-0.5 if scale is None else scale), use_qk_l2norm_in_kernel=l2,
