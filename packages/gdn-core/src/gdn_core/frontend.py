@@ -239,3 +239,24 @@ class SingleRankAPI:
 
         self.conv = _named(conv, self.module, name, doc)
         return self.conv
+
+    def smoke(self) -> None:
+        """A tiny CPU conv1d, then GDN with the in-kernel gate through the autograd call
+        and the split API (the import-independence checker's smoke run of a package)."""
+        gen = torch.Generator().manual_seed(0)
+        T, H, K = 8, 1, 16
+        x = torch.randn(1, T, 3 * H * K, generator=gen, requires_grad=True)
+        w = torch.randn(3 * H * K, 4, generator=gen, requires_grad=True)
+        y = self.conv(x, w, None, "silu", cu_seqlens=[0, 3, T])
+        q, k, v = y.reshape(1, T, 3, H, K).unbind(2)
+        g = torch.randn(1, T, H, generator=gen, requires_grad=True)
+        beta = torch.rand(1, T, H, generator=gen)
+        A_log = torch.zeros(H, requires_grad=True)
+        dt_bias = torch.zeros(H, requires_grad=True)
+        o, _ = self.autograd(
+            q, k, v, g, beta, cu_seqlens=[0, 3, T], use_qk_l2norm_in_kernel=True,
+            use_gate_in_kernel=True, A_log=A_log, dt_bias=dt_bias,
+        )
+        o.sum().backward()
+        o2, _, saved = self.fwd(q.detach(), k.detach(), v.detach(), g.detach(), beta)
+        self.bwd(saved, torch.ones_like(o2))
