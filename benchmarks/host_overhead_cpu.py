@@ -7,7 +7,11 @@ launch-bound. Also counted per fwd+bwd: ``torch.tensor`` built from Python
 lists (each one a pageable host→device copy on a GPU) and aten ops. The fold
 is routed to its Triton launcher, as on CUDA. The outputs are garbage.
 
-    TRITON_INTERPRET=1 python benchmarks/host_overhead_cpu.py [--iters 200]
+    TRITON_INTERPRET=1 python benchmarks/host_overhead_cpu.py [--iters 200] [--api autograd]
+
+``--api split`` (default) times ``chunk_gdn_det_fwd`` + ``chunk_gdn_det_bwd``;
+``--api autograd`` times ``chunk_gated_delta_rule_det`` and ``backward()`` (the
+custom op and autograd's own host work included).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def main() -> None:
                    help="BxTxDOCS, comma separated")
     p.add_argument("--segments", default="1024,0")
     p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--api", choices=("split", "autograd"), default="split")
     args = p.parse_args()
 
     interp.InterpretedFunction.run = lambda self, *a, **k: None  # launches cost nothing
@@ -68,6 +73,16 @@ def main() -> None:
                 _, _, saved = det.chunk_gdn_det_fwd(*ins, cu_seqlens=cu, segment_size=seg)
                 return det.chunk_gdn_det_bwd(saved, do)
 
+            if args.api == "autograd":
+                leaves = [x.detach().requires_grad_() for x in ins]
+
+                def step(leaves=leaves, do=do, cu=cu, seg=seg):  # noqa: F811 - the chosen API
+                    for x in leaves:
+                        x.grad = None  # no accumulation: each step writes fresh gradients
+                    o, _ = det.chunk_gated_delta_rule_det(*leaves, cu_seqlens=cu,
+                                                          segment_size=seg)
+                    o.backward(do)
+
             for _ in range(5):
                 step()
             ts = []
@@ -77,7 +92,8 @@ def main() -> None:
                 ts.append(time.perf_counter() - t0)
             with _Count() as c:
                 step()
-            print(f"segment_size={seg:5d} B{B} T{T} docs{docs}: host min {min(ts) * 1e3:.3f} ms, "
+            print(f"{args.api} segment_size={seg:5d} B{B} T{T} docs{docs}: "
+                  f"host min {min(ts) * 1e3:.3f} ms, "
                   f"median {statistics.median(ts) * 1e3:.3f} ms; torch.tensor(list) "
                   f"{c.ops.get('aten.lift_fresh.default', 0)}, aten ops {sum(c.ops.values())}",
                   flush=True)

@@ -25,7 +25,7 @@ from gdn_core.custom_ops import (
     stash_size,
 )
 from gdn_core.layout import PaddedChunkIndex, VarlenLayout, layout_tables
-from gdn_core.train_ops import define_train_ops
+from gdn_core.train_ops import SAVED_OUTPUTS, define_train_ops
 
 
 class _Obj:
@@ -211,17 +211,42 @@ def test_train_ops_opcheck_and_fake_shapes():
             "reference", None)
     utils = ("test_schema", "test_faketensor", "test_autograd_registration")
     torch.library.opcheck(ops.gdn, args, test_utils=utils)
-    o, final, token = ops.gdn(*args)
-    assert final.shape == (2, 2, 16, 16)
-    torch.library.opcheck(ops.gdn_bwd, (do, dht, token, q, k, v, g, beta, h0, None, None),
+    o, final, *saved = ops.gdn(*args)
+    assert final.shape == (2, 2, 16, 16) and len(saved) == len(SAVED_OUTPUTS)
+    # the backward op gets the forward's inputs and saved outputs back, then its scalars
+    torch.library.opcheck(ops.gdn_bwd, (do, dht, *args[:11], *saved, *args[11:]),
                           test_utils=("test_schema", "test_faketensor"))
     x, w = torch.randn(1, 70, 8), torch.randn(8, 4)
     torch.library.opcheck(ops.conv, (x, w, None, None, cu, None, "silu"), test_utils=utils)
     with FakeTensorMode() as mode:
         fq, fk, fv, fg, fb = (mode.from_tensor(t) for t in (q, k, v, g, beta))
         fcu = mode.from_tensor(torch.tensor([0, 1, 2, 70]))
-        o, final, token = ops.gdn(fq, fk, fv, fg, fb, None, None, None, fcu, None, None, None,
-                                  True, False, False, None, None)
+        o, final, *saved = ops.gdn(fq, fk, fv, fg, fb, None, None, None, fcu, None, None,
+                                   None, True, False, False, None, None)
         assert o.shape == v.shape and o.dtype == v.dtype
         assert final.shape == (3, 2, 16, 16) and final.dtype == torch.float32
-        assert token.shape == () and token.device.type == "cpu"
+        assert len(saved) == len(SAVED_OUTPUTS)
+
+
+def test_front_end_autograd_call_of_a_fixed_length_batch():
+    # B > 1 without cu_seqlens on the kernels: the op must get no offsets (B == 1 only)
+    from gdn_core import testkit
+    from gdn_core.autograd import TrainGrads, TrainSaved, TrainWorkspace
+    from gdn_core.frontend import SingleRankAPI
+
+    class Saved(TrainSaved):
+        deterministic = True
+
+    class Workspace(TrainWorkspace):
+        deterministic = True
+
+    class Grads(TrainGrads):
+        deterministic = True
+
+    api = SingleRankAPI("gdn_core_test_train", deterministic=True, saved_cls=Saved,
+                        workspace_cls=Workspace, grads_cls=Grads)
+    call = api.autograd_call("call", summary="", mode="", segments="")
+    inputs, cu, cot = testkit.make_inputs(B=2, T=70, H=1, HV=2, seed=9)
+    got = testkit.run_fwd_bwd(call, inputs, cu, cot, l2norm=True)
+    ref = testkit.run_fwd_bwd(testkit.reference_gdn, inputs, cu, cot, l2norm=True)
+    testkit.assert_close(got, ref, rtol=2e-5)

@@ -10,88 +10,11 @@ without recompiling per layout.
 
 from __future__ import annotations
 
-import textwrap
-
 import pytest
 import torch
-from det_helpers import run_script
-from gdn_det_train import VarlenLayout, causal_conv1d_det, chunk_gated_delta_rule_det
-from torch._dynamo.utils import counters
-
-T, H, HV, K, V, W = 96, 1, 2, 16, 16, 4
-D = 2 * H * K + HV * V
-LAYOUTS = ([0, 10, 70, 96], [0, 50, 51, 96], [0, 1, 2, 96])  # same document count
-VARIED = ([0, 10, 70, 96], [0, 96], [0, 5, 6, 7, 96])
-
-
-def make_params(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return dict(
-        x=torch.randn(1, T, D, generator=gen),
-        g=-0.5 * torch.rand(1, T, HV, generator=gen),
-        beta=torch.rand(1, T, HV, generator=gen),
-        w=torch.randn(D, W, generator=gen) * 0.4,
-        b=torch.randn(D, generator=gen) * 0.1,
-        P=torch.randn(8, HV * V, generator=gen) * 0.2,
-    )
-
-
-def block(x, g, beta, w, b, P, cu):
-    y = causal_conv1d_det(x, w, b, "silu", cu)
-    q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
-    o, ht = chunk_gated_delta_rule_det(
-        q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V), g, beta,
-        cu_seqlens=cu, use_qk_l2norm_in_kernel=True, output_final_state=True)
-    return o.reshape(1, T, HV * V) @ P.T, ht
-
-
-def step(fn, params, cu, docs):
-    leaves = {n: t.clone().requires_grad_() for n, t in params.items()}
-    out, ht = fn(*leaves.values(), cu)
-    loss = (out * out).sum() + ht[:docs].square().sum()
-    loss.backward()
-    return [out.detach(), ht[:docs].detach()] + [t.grad for t in leaves.values()]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-
-
-def _no_graph_breaks():
-    assert not counters["graph_break"], dict(counters["graph_break"])
-
-
-def test_compiled_block_is_eager_bitwise_one_graph_for_every_layout():
-    params = make_params()
-    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
-    for offs in LAYOUTS:
-        # host offsets: no sync; a graph input, so no recompilation (another document
-        # count is another shape: use a VarlenLayout to keep it fixed)
-        cu = torch.tensor(offs, dtype=torch.int32)
-        got = step(compiled, params, cu, len(offs) - 1)
-        want = step(block, params, cu, len(offs) - 1)
-        assert all(torch.equal(a, b) for a, b in zip(got, want)), offs
-    _no_graph_breaks()
-    assert counters["stats"]["unique_graphs"] == 1
-
-
-def test_compiled_block_with_fixed_size_layouts():
-    params = make_params(1)
-    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
-    reused = VarlenLayout(VARIED[0], max_docs=4)
-    for offs in VARIED:
-        reused.update(offs)  # the same buffers, the next batch's documents
-        fresh = VarlenLayout(offs, max_docs=4)  # a new object of the same capacities
-        want = step(block, params, torch.tensor(offs), len(offs) - 1)
-        for lay in (reused, fresh):
-            got = step(compiled, params, lay, len(offs) - 1)
-            assert all(torch.equal(a, b) for a, b in zip(got, want)), offs
-    _no_graph_breaks()
-    assert counters["stats"]["unique_graphs"] == 1
+from gdn_core.suites.single_rank_compile import *  # noqa: F403 - the shared tests, on this package
+from gdn_core.suites.single_rank_compile import HV, H, K, T, V, make_params, no_graph_breaks
+from gdn_det_train import VarlenLayout, chunk_gated_delta_rule_det
 
 
 def test_segments_through_the_op():
@@ -117,84 +40,7 @@ def test_segments_through_the_op():
     assert all(torch.equal(a, b) for a, b in zip(gdn(seg), want))
     compiled = torch.compile(seg, fullgraph=True, backend="aot_eager")
     assert all(torch.equal(a, b) for a, b in zip(gdn(compiled), want))
-    _no_graph_breaks()
+    no_graph_breaks()
     with pytest.raises(ValueError, match="segment_size"):
         chunk_gated_delta_rule_det(q, k, v, p["g"], p["beta"],
                                    cu_seqlens=VarlenLayout([0, 5, 96]), segment_size=64)
-
-
-def test_dynamo_explain_reports_no_break():
-    p = make_params(2)
-    cu = torch.tensor(LAYOUTS[0])
-    explained = torch._dynamo.explain(block)(*p.values(), cu)
-    assert explained.graph_break_count == 0 and explained.graph_count == 1
-    names = {str(n.target) for g in explained.graphs for n in g.graph.nodes
-             if n.op == "call_function"}
-    assert any("gdn_det_train.chunk_gated_delta_rule" in n for n in names), names
-    assert any("gdn_det_train.causal_conv1d" in n for n in names), names
-
-
-def test_inductor_compiled_block():
-    params = make_params(3)
-    compiled = torch.compile(block, fullgraph=True, backend="inductor")
-    cu = torch.tensor(LAYOUTS[0])
-    got = step(compiled, params, cu, 3)
-    want = step(block, params, cu, 3)
-    for a, b in zip(got, want):  # inductor may fuse the projection/loss differently
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    _no_graph_breaks()
-
-
-def test_fake_implementations():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    ops = torch.ops.gdn_det_train
-    p = make_params(4)
-    q, k = p["x"][..., :K].reshape(1, T, H, K), p["x"][..., K:2 * K].reshape(1, T, H, K)
-    v = p["x"][..., 2 * K:].reshape(1, T, HV, V).contiguous()
-    q, k = q.contiguous(), k.contiguous()
-    cu = torch.tensor(LAYOUTS[0])
-    args = (q, k, v, p["g"], p["beta"], None, None, None, cu, None, None, None, True, True,
-            False, None, None)
-    utils = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(ops.chunk_gated_delta_rule, args, test_utils=utils)
-    torch.library.opcheck(ops.causal_conv1d, (p["x"], p["w"], p["b"], None, cu, None, "silu"),
-                          test_utils=utils)
-    with FakeTensorMode() as mode:
-        fake = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in args]
-        o, final, token = ops.chunk_gated_delta_rule(*fake)
-        assert o.shape == (1, T, HV, V) and final.shape == (3, HV, K, V)
-        assert final.dtype == torch.float32 and token.device.type == "cpu"
-        y, _ = ops.causal_conv1d(mode.from_tensor(p["x"]), mode.from_tensor(p["w"]), None,
-                                 None, None, None, "silu")
-        assert y.shape == p["x"].shape
-
-
-_INTERPRETER_SCRIPT = textwrap.dedent(
-    """
-    import json, sys, torch
-    sys.path.insert(0, sys.argv[1])
-    from test_compile import LAYOUTS, VarlenLayout, block, make_params, step
-    params = make_params(5)
-    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
-    lay = VarlenLayout(LAYOUTS[0], max_docs=4)
-    equal = []
-    for offs in LAYOUTS[:2]:
-        lay.update(offs)
-        got = step(compiled, params, lay, len(offs) - 1)
-        want = step(block, params, torch.tensor(offs), len(offs) - 1)
-        equal.append(all(torch.equal(a, b) for a, b in zip(got, want)))
-    from torch._dynamo.utils import counters
-    print(json.dumps({"equal": equal, "breaks": len(counters["graph_break"]),
-                      "graphs": counters["stats"]["unique_graphs"]}))
-    """
-)
-
-
-def test_compiled_block_on_the_triton_interpreter():
-    # the real kernels (fixed-size tables for the layout, exact tables for eager)
-    from pathlib import Path
-
-    (res,) = run_script(_INTERPRETER_SCRIPT, str(Path(__file__).parent), timeout=600,
-                        TRITON_INTERPRET="1")
-    assert res == {"equal": [True, True], "breaks": 0, "graphs": 1}

@@ -40,3 +40,11 @@ def _deterministic():
     torch.use_deterministic_algorithms(True)
     yield
     torch.use_deterministic_algorithms(previous)
+
+
+@pytest.fixture
+def api():
+    """This package's public calls, for the shared suites of :mod:`gdn_core.suites`."""
+    from gdn_train.ops import API
+
+    return API

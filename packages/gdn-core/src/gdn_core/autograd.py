@@ -1,18 +1,12 @@
-"""What the single-rank training packages have in common: the gated GDN
-forward/backward composition, its ``torch.autograd.Function``, and the
-mode-typed bases of their saved sets, workspaces and gradients.
+"""What the single-rank training packages have in common above the composition:
+its ``torch.autograd.Function`` and the mode-typed
+bases of their saved sets, workspaces and gradients.
 
-* :func:`gated_gdn_fwd` / :func:`gated_gdn_bwd` — :func:`gdn_core.compose.
-  chunk_gdn_fwd` / :func:`~gdn_core.compose.chunk_gdn_bwd` plus the optional
-  in-kernel gate ``g = −exp(A_log)·softplus(g_raw + dt_bias)``
-  (:mod:`gdn_core.gate`), parametrised by ``deterministic``.
 * :class:`ChunkGDNFunction` / :func:`chunk_gdn_autograd` — the differentiable
   call (gradients for ``q, k, v, g, beta, initial_state, A_log, dt_bias``).
 * :class:`TrainSaved`, :class:`TrainWorkspace`, :class:`TrainGrads` — bases a
-  package subclasses once per mode (``deterministic = True``/``False``);
-  :func:`train_fwd` / :func:`train_bwd` drive them. Type checks against the
-  package's own classes (:func:`gdn_core.typed.require_instance`) happen in the
-  package, before anything here runs.
+  package subclasses once per mode (``deterministic = True``/``False``); the
+  package's public calls (:mod:`gdn_core.frontend`) drive them.
 """
 
 from __future__ import annotations
@@ -24,23 +18,18 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import CHUNK_SIZE
-from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
+from gdn_core.compose import bwd, fwd
 from gdn_core.custom_ops import register_handle
-from gdn_core.gate import gate_bwd, gate_fwd, validate_gate_params
-from gdn_core.segment import resolve_segment_size
-from gdn_core.typed import TypedSaved, TypedWorkspace, mode_name
-from gdn_core.validation import GDNShapes, validate_gdn_inputs
+from gdn_core.plan import make_plan, resolve_backend
+from gdn_core.saved import GateSaved, GDNSaved
+from gdn_core.typed import TypedSaved, TypedWorkspace
+from gdn_core.validation import GDNShapes
 
 __all__ = [
     "GateSaved",
     "TrainSaved",
     "TrainWorkspace",
     "TrainGrads",
-    "gated_gdn_fwd",
-    "validate_gated_inputs",
-    "gated_gdn_bwd",
-    "train_fwd",
-    "train_bwd",
     "ChunkGDNFunction",
     "chunk_gdn_autograd",
 ]
@@ -49,15 +38,6 @@ __all__ = [
 # --------------------------------------------------------------------------
 # Saved sets, gradients, workspaces
 # --------------------------------------------------------------------------
-
-
-@dataclass
-class GateSaved:
-    """The in-kernel gate's inputs (the gate output is recomputed in the backward)."""
-
-    g_raw: torch.Tensor
-    A_log: torch.Tensor
-    dt_bias: torch.Tensor
 
 
 class TrainSaved(TypedSaved):
@@ -246,184 +226,20 @@ class TrainWorkspace(TypedWorkspace):
 
 
 # --------------------------------------------------------------------------
-# Composition
+# The autograd call
 # --------------------------------------------------------------------------
-
-
-def validate_gated_inputs(
-    q, k, v, g, beta, *, scale=None, initial_state=None, cu_seqlens=None,
-    use_gate_in_kernel=False, A_log=None, dt_bias=None, backend=None,
-    workspace: TrainWorkspace | None = None, segment_size: int | None = None,
-) -> tuple[GDNShapes, str]:
-    """Every argument check of :func:`gated_gdn_fwd` → ``(shapes, backend)``."""
-    shapes = validate_gdn_inputs(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        allow_float64=True,
-    )
-    if not isinstance(use_gate_in_kernel, bool):
-        raise TypeError(
-            f"use_gate_in_kernel must be a bool, got {type(use_gate_in_kernel).__name__}"
-        )
-    if use_gate_in_kernel:
-        validate_gate_params(g, A_log, dt_bias, shapes.HV)
-    elif A_log is not None or dt_bias is not None:
-        raise ValueError("A_log and dt_bias are used only with use_gate_in_kernel=True")
-    resolve_segment_size(segment_size)
-    # resolve the backend now so a bad device/dtype combination fails before the gate runs
-    chosen = resolve_backend(q.device, q.dtype, backend)
-    if workspace is not None:
-        workspace.check_shapes(shapes, v.device, q.dtype, chosen)
-    return shapes, chosen
-
-
-def gated_gdn_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    *,
-    scale: float | None = None,
-    initial_state: torch.Tensor | None = None,
-    output_final_state: bool = False,
-    cu_seqlens: torch.Tensor | list[int] | None = None,
-    use_qk_l2norm_in_kernel: bool = False,
-    use_gate_in_kernel: bool = False,
-    A_log: torch.Tensor | None = None,
-    dt_bias: torch.Tensor | None = None,
-    deterministic: bool,
-    backend: str | None = None,
-    workspace: TrainWorkspace | None = None,
-    index: Any = None,
-    segment_size: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved, GateSaved | None]:
-    """Validate, apply the optional gate, run :func:`chunk_gdn_fwd`.
-
-    Returns ``(o, final_state, core_saved, gate_saved)``. All argument checks
-    (inputs, gate parameters, and ``workspace``'s size/device if given) run
-    before any computation. ``index``: a prebuilt chunk index of ``cu_seqlens``
-    (e.g. a :class:`gdn_core.layout.PaddedChunkIndex`), passed on.
-    ``segment_size``: see :mod:`gdn_core.segment` (``None``: the default).
-    """
-    shapes, chosen = validate_gated_inputs(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias, backend=backend,
-        workspace=workspace, segment_size=segment_size,
-    )
-    offsets = list(shapes.offsets) if cu_seqlens is not None else None
-    gate = None
-    g_used = g
-    if use_gate_in_kernel:
-        gate = GateSaved(g, A_log, dt_bias)
-        g_used = gate_fwd(g, A_log, dt_bias)
-    o, final, core = chunk_gdn_fwd(
-        q, k, v, g_used, beta, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, cu_seqlens=offsets,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, deterministic=deterministic,
-        backend=chosen, index=index, segment_size=segment_size,
-        # validated above (the gate's output has g's shape and a checked dtype)
-        shapes=shapes if (index is None or cu_seqlens is not None) else None,
-    )
-    return o, final, core, gate
-
-
-def gated_gdn_bwd(
-    core: GDNSaved,
-    gate: GateSaved | None,
-    do: torch.Tensor,
-    dht: torch.Tensor | None = None,
-    *,
-    deterministic: bool,
-    workspace: TrainWorkspace | None = None,
-) -> tuple[GDNGrads, torch.Tensor | None, torch.Tensor | None]:
-    """:func:`chunk_gdn_bwd` then the gate's backward.
-
-    Returns ``(grads, dA_log, ddt_bias)`` with ``grads.dg`` for the raw gate
-    input when ``gate`` is given (``dA_log``/``ddt_bias`` ``None`` otherwise).
-    """
-    if workspace is not None:
-        workspace.check_shapes(core.shapes, core.device, core.k.dtype, core.backend)
-    core_ws = workspace.core_for(core) if workspace is not None else None
-    grads = chunk_gdn_bwd(core, do, dht, deterministic=deterministic, workspace=core_ws)
-    if gate is None:
-        return grads, None, None
-    dg_raw, dA_log, ddt_bias = gate_bwd(
-        gate.g_raw, gate.A_log, gate.dt_bias, grads.dg, deterministic=deterministic
-    )
-    grads.dg = dg_raw
-    return grads, dA_log, ddt_bias
-
-
-def train_fwd(
-    saved_cls: type[TrainSaved],
-    q, k, v, g, beta, *, workspace: TrainWorkspace | None = None, **kwargs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None, TrainSaved]:
-    """:func:`gated_gdn_fwd` in ``saved_cls``'s mode, wrapped into a ``saved_cls``."""
-    o, final, core, gate = gated_gdn_fwd(
-        q, k, v, g, beta, deterministic=bool(saved_cls.deterministic), workspace=workspace,
-        **kwargs,
-    )
-    return o, final, saved_cls(core, gate)
-
-
-def train_bwd(
-    saved: TrainSaved,
-    do: torch.Tensor,
-    dht: torch.Tensor | None,
-    *,
-    workspace: TrainWorkspace | None,
-    grads_cls: type[TrainGrads],
-) -> TrainGrads:
-    """Backward of a package's saved set (already type-checked by the package)."""
-    det = saved.deterministic
-    if workspace is not None and workspace.deterministic != det:
-        raise ValueError(
-            f"workspace must be a {mode_name(bool(det))} workspace, got "
-            f"{type(workspace).__qualname__} ({workspace.mode})"
-        )
-    grads, dA_log, ddt_bias = gated_gdn_bwd(
-        saved.core, saved.gate, do, dht, deterministic=bool(det), workspace=workspace
-    )
-    return grads_cls(grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, grads.dh0,
-                     dA_log, ddt_bias)
-
-
-# --------------------------------------------------------------------------
-# autograd
-# --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Options:
-    scale: float | None
-    output_final_state: bool
-    cu_seqlens: tuple[int, ...] | None
-    use_qk_l2norm_in_kernel: bool
-    use_gate_in_kernel: bool
-    deterministic: bool
-    backend: str | None
-    workspace: Any
-    segment_size: int | None = None
 
 
 class ChunkGDNFunction(torch.autograd.Function):
-    """``apply(opts, q, k, v, g, beta, initial_state, A_log, dt_bias) -> (o, final)``.
+    """``apply(plan, workspace, q, k, v, g, beta, initial_state, A_log, dt_bias) -> (o, final)``.
 
     ``final`` is an empty tensor when not requested. Use :func:`chunk_gdn_autograd`.
     """
 
     @staticmethod
-    def forward(ctx, opts: _Options, q, k, v, g, beta, initial_state, A_log, dt_bias):
-        o, final, core, gate = gated_gdn_fwd(
-            q, k, v, g, beta, scale=opts.scale, initial_state=initial_state,
-            output_final_state=opts.output_final_state,
-            cu_seqlens=None if opts.cu_seqlens is None else list(opts.cu_seqlens),
-            use_qk_l2norm_in_kernel=opts.use_qk_l2norm_in_kernel,
-            use_gate_in_kernel=opts.use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-            deterministic=opts.deterministic, backend=opts.backend,
-            segment_size=opts.segment_size,
-        )
-        ctx.core, ctx.gate, ctx.opts = core, gate, opts
+    def forward(ctx, plan, workspace, q, k, v, g, beta, initial_state, A_log, dt_bias):
+        o, final, core, gate = fwd(plan, q, k, v, g, beta, initial_state, A_log, dt_bias)
+        ctx.core, ctx.gate, ctx.plan, ctx.workspace = core, gate, plan, workspace
         ctx.h0_dtype = None if initial_state is None else initial_state.dtype
         ctx.set_materialize_grads(False)
         if final is None:
@@ -432,19 +248,17 @@ class ChunkGDNFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dfinal):
-        core, opts = ctx.core, ctx.opts
+        core, plan = ctx.core, ctx.plan
         s = core.shapes
         if do is None:
             do = torch.zeros(s.B, s.T, s.HV, s.V, dtype=core.v.dtype, device=core.device)
-        dht = dfinal if (opts.output_final_state and dfinal is not None) else None
-        grads, dA_log, ddt_bias = gated_gdn_bwd(
-            core, ctx.gate, do.contiguous(), dht, deterministic=opts.deterministic,
-            workspace=opts.workspace,
-        )
+        dht = dfinal if (plan.output_final_state and dfinal is not None) else None
+        ws = ctx.workspace.core_for(core) if ctx.workspace is not None else None
+        grads, dA_log, ddt_bias = bwd(core, ctx.gate, do.contiguous(), dht, workspace=ws)
         dh0 = grads.dh0
         if dh0 is not None and ctx.h0_dtype is not None:
             dh0 = dh0.to(ctx.h0_dtype)
-        return (None, grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0, dA_log,
+        return (None, None, grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta, dh0, dA_log,
                 ddt_bias)
 
 
@@ -474,19 +288,13 @@ def chunk_gdn_autograd(
     backward reuses ``workspace`` if given. ``segment_size``: see
     :mod:`gdn_core.segment` (``None``: the default).
     """
-    shapes = validate_gdn_inputs(
-        q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-        allow_float64=True,
-    )
-    offsets = tuple(shapes.offsets) if cu_seqlens is not None else None
-    opts = _Options(
-        scale=scale, output_final_state=bool(output_final_state), cu_seqlens=offsets,
-        use_qk_l2norm_in_kernel=bool(use_qk_l2norm_in_kernel),
-        use_gate_in_kernel=use_gate_in_kernel, deterministic=bool(deterministic),
-        backend=backend, workspace=workspace, segment_size=resolve_segment_size(segment_size),
-    )
+    plan = make_plan(q, k, v, g, beta, deterministic=deterministic, scale=scale,
+                     initial_state=initial_state, output_final_state=output_final_state,
+                     cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+                     backend=backend, segment_size=segment_size)
     if workspace is not None:
-        workspace.check_shapes(shapes, v.device, q.dtype, resolve_backend(q.device, q.dtype,
-                                                                          backend))
-    o, final = ChunkGDNFunction.apply(opts, q, k, v, g, beta, initial_state, A_log, dt_bias)
+        workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
+    o, final = ChunkGDNFunction.apply(plan, workspace, q, k, v, g, beta, initial_state, A_log,
+                                      dt_bias)
     return o, (final if output_final_state else None)

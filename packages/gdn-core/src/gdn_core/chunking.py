@@ -10,7 +10,7 @@ document may be short. The kernels address chunks through a :class:`ChunkIndex`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -68,6 +68,9 @@ class ChunkIndex:
         chunk_start: ``[NT]`` int32 device tensor, first token of each chunk.
         chunk_len: ``[NT]`` int32 device tensor, tokens in each chunk (1..C).
         doc_offsets / doc_chunk_offsets: device int32 copies of the host lists.
+        num_docs, num_chunks, total_tokens: the counts (``N``, ``NT``, ``T``),
+            plain attributes set once at construction (every launcher reads
+            them; a property would cost a Python call per read).
     """
 
     offsets: tuple[int, ...]
@@ -78,18 +81,18 @@ class ChunkIndex:
     chunk_len: torch.Tensor
     doc_offsets: torch.Tensor
     doc_chunk_offsets: torch.Tensor
+    num_docs: int = field(init=False)
+    num_chunks: int = field(init=False)
+    total_tokens: int = field(init=False)
 
-    @property
-    def num_docs(self) -> int:
-        return len(self.offsets) - 1
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "num_docs", len(self.offsets) - 1)
+        object.__setattr__(self, "num_chunks", self._grid_chunks())
+        object.__setattr__(self, "total_tokens", self.offsets[-1])
 
-    @property
-    def num_chunks(self) -> int:
+    def _grid_chunks(self) -> int:
+        """The chunks the kernels' grids cover (a padded index: its capacity)."""
         return self.chunk_offsets[-1]
-
-    @property
-    def total_tokens(self) -> int:
-        return self.offsets[-1]
 
     @classmethod
     def build(

@@ -1,125 +1,106 @@
-"""The composed chunked GDN forward and backward every training package calls.
+"""The one composition of the chunked GDN algorithm: :func:`fwd` and :func:`bwd`.
 
-:func:`chunk_gdn_fwd` validates the inputs, picks a backend and returns the
-output, the final state and a :class:`GDNSaved` holding what the backward
-needs; :func:`chunk_gdn_bwd` returns :class:`GDNGrads`.
+Every call — single rank, every layout — runs the segment algorithm of
+:mod:`gdn_core.segment` from a :class:`~gdn_core.plan.GDNPlan`: the chunk-local
+stages and the summaries of segments with a successor, the fixed-order fp32
+fold of those summaries into entry states, then every segment's recurrence and
+output from its entry state; the backward mirrors it. A layout in which every
+document is one segment (documents no longer than ``segment_size``,
+``segment_size=0``, a :class:`~gdn_core.layout.VarlenLayout`) has no summaries
+and no fold: the plain chunked recurrence, as a special case, not as a second
+copy. The optional in-kernel gate ``g = −exp(A_log)·softplus(g_raw + dt_bias)``
+(:mod:`gdn_core.gate`) runs in front of it and its backward behind it. The
+context-parallel path (:mod:`gdn_core.kcp.compose`) runs the same phases with
+the exchange between them.
 
-Backends:
+The bits depend on ``segment_size`` (a deterministic run is repeatable for a
+fixed one, and a context-parallel run of a ``"segment"`` plan with the same
+size gives the same bits for any number of ranks).
 
-* ``"triton"`` — the kernels of :mod:`gdn_core.ops`; chosen for CUDA tensors
-  and for CPU tensors when ``TRITON_INTERPRET=1`` (Triton's interpreter).
-* ``"reference"`` — :func:`gdn_core.reference.chunk_gdn_reference` (fp32
-  torch, backward by autograd); chosen for CPU tensors otherwise. Also the
-  only backend for float64 (``gradcheck``).
-
-``GDN_CORE_BACKEND=triton|reference`` in the environment overrides the choice.
-
-Segments (:mod:`gdn_core.segment`): documents longer than ``segment_size``
-tokens (default :data:`gdn_core.segment.DEFAULT_SEGMENT_SIZE`) run as fixed
-segments — summaries, a fixed-order fp32 fold, then every segment's
-recurrence in parallel — on both backends and in both modes. The result's
-bits depend on ``segment_size`` (a deterministic run is repeatable for a fixed
-one, and a context-parallel run of a ``"segment"`` plan with the same size
-gives the same bits for any number of ranks). Layouts whose documents are all
-at most one segment long run the plain chunked path unchanged. Without an
-explicit size a non-deterministic call keeps the plain path when enough long
-documents fill the GPU anyway (:func:`gdn_core.segment.choose_segment_size`).
+:func:`chunk_gdn_fwd` / :func:`chunk_gdn_bwd` are ``gdn_core``'s own
+validated entry points (plan, then :func:`fwd` / :func:`bwd`).
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from typing import Any
-
 import torch
 
-from gdn_core.chunking import ChunkIndex, chunk_index
-from gdn_core.reference import chunk_gdn_reference
-from gdn_core.validation import GDNShapes, validate_gdn_inputs
+from gdn_core.chunking import ChunkIndex
+from gdn_core.gate import gate_bwd, gate_fwd
+from gdn_core.plan import GDNPlan, make_plan, resolve_backend
+from gdn_core.saved import GateSaved, GDNGrads, GDNSaved
+from gdn_core.segment import (
+    segment_bwd_begin,
+    segment_bwd_finish,
+    segment_bwd_fold,
+    segment_fwd_begin,
+    segment_fwd_finish,
+    segment_fwd_fold,
+)
+from gdn_core.validation import GDNShapes
 
-__all__ = ["GDNSaved", "GDNGrads", "chunk_gdn_fwd", "chunk_gdn_bwd", "resolve_backend"]
-
-BACKENDS = ("triton", "reference")
-
-
-def resolve_backend(device: torch.device, dtype: torch.dtype, backend: str | None = None) -> str:
-    """The backend that runs tensors on ``device`` (see the module docstring)."""
-    backend = backend or os.environ.get("GDN_CORE_BACKEND") or None
-    if backend is not None:
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    elif device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        backend = "triton"
-    else:
-        backend = "reference"
-    if backend == "triton" and dtype == torch.float64:
-        raise TypeError("float64 inputs run only on the reference backend (backend='reference')")
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise ValueError(
-            f"the triton backend needs CUDA tensors or TRITON_INTERPRET=1, got device {device}"
-        )
-    return backend
+__all__ = ["GDNGrads", "GDNSaved", "bwd", "chunk_gdn_bwd", "chunk_gdn_fwd", "fwd",
+           "resolve_backend"]
 
 
-@dataclass
-class GDNSaved:
-    """What :func:`chunk_gdn_bwd` needs from the forward (mode-tagged).
+def fwd(
+    plan: GDNPlan,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None = None,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved, GateSaved | None]:
+    """The forward of a planned call (inputs as validated by :func:`~gdn_core.plan.make_plan`).
 
-    ``q``/``k`` are the tensors the recurrence used: L2-normalised when
-    ``use_qk_l2norm_in_kernel`` (then ``q_rstd``/``k_rstd`` hold the inverse
-    norms for the normalisation's backward); ``G`` is the within-chunk
-    cumulative sum of ``g`` (triton backend only; recomputed otherwise).
-    With segments, ``segments`` is the :class:`gdn_core.segment.SegmentLayout`
-    (``index`` then holds segments), ``seg_states`` every segment's entry
-    state ``[nseg,HV,K,V]`` and ``seg_summ`` the summaries ``[E | M]``
-    ``[nseg,HV,K,V+K]`` (fp32; fp64 for fp64 inputs) the backward fold reads.
-    ``A_inv``: the forward's ``(I + A)^{-1}`` per chunk ``[T,HV,64]`` as the
-    backward reads it (:func:`gdn_core.ops.wy.inverse_for_backward`; triton
-    backend), so the backward skips the inverse; ``None``: recomputed.
+    ``q, k: [B,T,H,K]``, ``v: [B,T,HV,V]``, ``g, beta: [B,T,HV]`` (``g`` the raw
+    gate input with ``plan.use_gate_in_kernel``), ``initial_state: [N,HV,K,V]``.
+    Returns ``(o [B,T,HV,V] in v's dtype, final_state [N,HV,K,V] fp32 or None,
+    saved, gate)``: the :class:`~gdn_core.saved.GDNSaved` and the gate's inputs
+    (``None`` without the gate) for :func:`bwd`.
     """
-
-    deterministic: bool
-    backend: str
-    shapes: GDNShapes
-    scale: float
-    use_qk_l2norm_in_kernel: bool
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    initial_state: torch.Tensor | None
-    index: ChunkIndex | None = None
-    G: torch.Tensor | None = None
-    q_rstd: torch.Tensor | None = None
-    k_rstd: torch.Tensor | None = None
-    segments: Any = None
-    seg_states: torch.Tensor | None = None
-    seg_summ: torch.Tensor | None = None
-    A_inv: torch.Tensor | None = None
-
-    @property
-    def device(self) -> torch.device:
-        return self.v.device
+    gate = None
+    if plan.use_gate_in_kernel:
+        gate = GateSaved(g, A_log, dt_bias)
+        g = gate_fwd(g, A_log, dt_bias)
+    st = segment_fwd_begin(
+        q, k, v, g, beta, layout=plan.segments, scale=plan.scale,
+        use_qk_l2norm_in_kernel=plan.use_qk_l2norm_in_kernel, initial_state=initial_state,
+        backend=plan.backend, deterministic=plan.deterministic, shapes=plan.shapes,
+        index=plan.index,
+    )
+    segment_fwd_fold(st)
+    o, final, saved = segment_fwd_finish(st, output_final_state=plan.output_final_state)
+    return o, final, saved, gate
 
 
-@dataclass
-class GDNGrads:
-    """Gradients of one GDN call: ``dq, dk: [B,T,H,K]``, ``dv: [B,T,HV,V]``,
-    ``dg, dbeta: [B,T,HV]`` in their inputs' dtypes, ``dh0: [N,HV,K,V]`` fp32
-    (``None`` when the forward had no ``initial_state``)."""
+def bwd(
+    saved: GDNSaved,
+    gate: GateSaved | None,
+    do: torch.Tensor,
+    dht: torch.Tensor | None = None,
+    *,
+    workspace: object | None = None,
+) -> tuple[GDNGrads, torch.Tensor | None, torch.Tensor | None]:
+    """The backward of :func:`fwd` (arguments checked by the caller).
 
-    dq: torch.Tensor
-    dk: torch.Tensor
-    dv: torch.Tensor
-    dg: torch.Tensor
-    dbeta: torch.Tensor
-    dh0: torch.Tensor | None
-
-
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+    ``do: [B,T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None``; ``workspace``: a
+    :class:`gdn_core.ops.backward.BackwardWorkspace` of the saved set's mode
+    (triton backend) or ``None``. Returns ``(grads, dA_log, ddt_bias)``; with
+    the gate ``grads.dg`` is for the raw gate input, else the last two are ``None``.
+    """
+    bst = segment_bwd_begin(saved, do, dht, deterministic=saved.deterministic,
+                            workspace=workspace)
+    segment_bwd_fold(bst)
+    grads = segment_bwd_finish(bst)
+    if gate is None:
+        return grads, None, None
+    grads.dg, dA_log, ddt_bias = gate_bwd(gate.g_raw, gate.A_log, gate.dt_bias, grads.dg,
+                                          deterministic=saved.deterministic)
+    return grads, dA_log, ddt_bias
 
 
 def chunk_gdn_fwd(
@@ -140,76 +121,27 @@ def chunk_gdn_fwd(
     segment_size: int | None = None,
     shapes: GDNShapes | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved]:
-    """Chunked GDN forward.
+    """Chunked GDN forward, validated: :func:`~gdn_core.plan.make_plan` then :func:`fwd`.
 
     Shapes: ``q, k: [B,T,H,K]``; ``v: [B,T,HV,V]``; ``g, beta: [B,T,HV]``;
     ``initial_state: [N,HV,K,V]``; ``cu_seqlens: [N+1]`` (``B == 1``). ``index``
     may pass a prebuilt :class:`ChunkIndex` of the same layout (saves the host
-    work and, for a CUDA ``cu_seqlens``, a synchronisation).
-
-    ``segment_size``: the segment length (a multiple of 64; ``0``: no
-    segments; ``None``: :func:`gdn_core.segment.choose_segment_size` picks) —
-    see the module docstring.
-
-    ``shapes``: what :func:`~gdn_core.validation.validate_gdn_inputs` returned
-    for exactly these arguments, when the caller has already validated them
-    (the input checks are then not repeated); ``None``: validate here.
+    work and, for a CUDA ``cu_seqlens``, a synchronisation). ``segment_size``:
+    the segment length (a multiple of 64; ``0``: no segments; ``None``:
+    :func:`gdn_core.segment.choose_segment_size` picks). ``shapes``: accepted
+    for compatibility and unused (the plan cache makes a repeated validation free).
 
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [N,HV,K,V] fp32 or None,
     saved)``. Raises ``TypeError``/``ValueError`` for bad input (see
     :func:`gdn_core.validation.validate_gdn_inputs`).
     """
-    from gdn_core.segment import SegmentLayout, choose_segment_size, segment_fwd
-
-    if shapes is None:
-        if index is not None and cu_seqlens is None:
-            cu_seqlens = list(index.offsets)
-        shapes = validate_gdn_inputs(
-            q, k, v, g, beta, scale=scale, initial_state=initial_state, cu_seqlens=cu_seqlens,
-            allow_float64=True,
-        )
-    S = choose_segment_size(segment_size, shapes.offsets, shapes.HV,
-                            deterministic=deterministic)
-    chosen = resolve_backend(q.device, q.dtype, backend)
-    scale = float(shapes.K**-0.5 if scale is None else scale)
-    layout = SegmentLayout.build(shapes.offsets, S, has_h0=initial_state is not None)
-    if not layout.trivial:
-        return segment_fwd(
-            q, k, v, g, beta, layout=layout, scale=scale,
-            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, initial_state=initial_state,
-            output_final_state=output_final_state, backend=chosen,
-            deterministic=deterministic, shapes=shapes,
-        )
-    if chosen == "reference":
-        with torch.no_grad():
-            o, final = chunk_gdn_reference(
-                q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                output_final_state=output_final_state, cu_seqlens=list(shapes.offsets),
-                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            )
-        saved = GDNSaved(
-            deterministic, chosen, shapes, scale, use_qk_l2norm_in_kernel,
-            q, k, v, g, beta, initial_state,
-        )
-        return o.to(v.dtype), final, saved
-
-    from gdn_core.ops.forward import gdn_forward_triton
-
-    if index is None or index.offsets != shapes.offsets:
-        index = chunk_index(shapes.offsets, q.device)
-    fwd = gdn_forward_triton(
-        _flat(q), _flat(k), _flat(v), _flat(g), _flat(beta),
-        scale=scale, index=index, initial_state=initial_state,
-        output_final_state=output_final_state,
-        use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-    )
-    saved = GDNSaved(
-        deterministic, chosen, shapes, scale, use_qk_l2norm_in_kernel,
-        fwd.q_used, fwd.k_used, _flat(v), _flat(g), _flat(beta), initial_state,
-        index=index, G=fwd.G, q_rstd=fwd.q_rstd, k_rstd=fwd.k_rstd, A_inv=fwd.A_inv,
-    )
-    o = fwd.o.reshape(shapes.B, shapes.T, shapes.HV, shapes.V)
-    return o, fwd.final_state, saved
+    del shapes
+    plan = make_plan(q, k, v, g, beta, deterministic=deterministic, scale=scale,
+                     initial_state=initial_state, output_final_state=output_final_state,
+                     cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                     backend=backend, segment_size=segment_size, index=index)
+    o, final, saved, _ = fwd(plan, q, k, v, g, beta, initial_state)
+    return o, final, saved
 
 
 def _check_grad_output(name: str, t: torch.Tensor, shape: tuple, device: torch.device) -> None:
@@ -221,23 +153,10 @@ def _check_grad_output(name: str, t: torch.Tensor, shape: tuple, device: torch.d
         raise ValueError(f"{name} is on {t.device}, expected {device}")
 
 
-def chunk_gdn_bwd(
-    saved: GDNSaved,
-    do: torch.Tensor,
-    dht: torch.Tensor | None = None,
-    *,
-    deterministic: bool,
-    workspace: object | None = None,
-) -> GDNGrads:
-    """Chunked GDN backward.
-
-    ``do: [B,T,HV,V]``, ``dht: [N,HV,K,V]`` (gradient of the final state) or
-    ``None``. ``workspace``: a :class:`gdn_core.ops.backward.BackwardWorkspace`
-    (triton backend) reused across steps, or ``None`` to allocate.
-
-    Raises ``ValueError`` if ``saved`` is not a :class:`GDNSaved`, was made in
-    the other mode (``deterministic`` differs), or ``do``/``dht`` do not fit.
-    """
+def check_backward_args(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | None,
+                        deterministic: bool) -> None:
+    """Raise ``ValueError`` if ``saved`` is not a :class:`GDNSaved` of this mode or
+    ``do``/``dht`` do not fit it (``TypeError`` for a non-tensor)."""
     if not isinstance(saved, GDNSaved):
         raise ValueError(f"saved must be a GDNSaved, got {type(saved).__name__}")
     if saved.deterministic != deterministic:
@@ -250,52 +169,23 @@ def chunk_gdn_bwd(
     if dht is not None:
         _check_grad_output("dht", dht, (s.num_docs, s.HV, s.K, s.V), saved.device)
 
-    if saved.segments is not None:
-        from gdn_core.segment import segment_bwd
 
-        return segment_bwd(saved, do, dht, deterministic=deterministic, workspace=workspace)
-    if saved.backend == "reference":
-        return _reference_backward(saved, do, dht)
-
-    from gdn_core.ops.backward import gdn_backward_triton
-
-    dq, dk, dv, dg, dbeta, dh0 = gdn_backward_triton(
-        saved, _flat(do), dht, deterministic=deterministic, workspace=workspace
-    )
-    B, T = s.B, s.T
-    return GDNGrads(
-        dq=dq.reshape(B, T, s.H, s.K),
-        dk=dk.reshape(B, T, s.H, s.K),
-        dv=dv.reshape(B, T, s.HV, s.V),
-        dg=dg.reshape(B, T, s.HV),
-        dbeta=dbeta.reshape(B, T, s.HV),
-        dh0=dh0 if saved.initial_state is not None else None,
-    )
-
-
-def _reference_backward(
-    saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | None
+def chunk_gdn_bwd(
+    saved: GDNSaved,
+    do: torch.Tensor,
+    dht: torch.Tensor | None = None,
+    *,
+    deterministic: bool,
+    workspace: object | None = None,
 ) -> GDNGrads:
-    """Backward of the reference backend: autograd through the fp32 chunked reference."""
-    inputs = [x.detach().requires_grad_(True) for x in (saved.q, saved.k, saved.v, saved.g,
-                                                        saved.beta)]
-    h0 = saved.initial_state
-    if h0 is not None:
-        h0 = h0.detach().requires_grad_(True)
-    with torch.enable_grad():
-        o, final = chunk_gdn_reference(
-            *inputs, scale=saved.scale, initial_state=h0, output_final_state=dht is not None,
-            cu_seqlens=list(saved.shapes.offsets),
-            use_qk_l2norm_in_kernel=saved.use_qk_l2norm_in_kernel,
-        )
-        outs, grads = [o], [do.to(o.dtype)]
-        if dht is not None:
-            outs.append(final)
-            grads.append(dht.to(final.dtype))
-        wrt = inputs + ([h0] if h0 is not None else [])
-        got = torch.autograd.grad(outs, wrt, grads, allow_unused=True)
-    got = [torch.zeros_like(w) if d is None else d for d, w in zip(got, wrt)]
-    dq, dk, dv, dg, dbeta = (d.to(x.dtype) for d, x in zip(got[:5], inputs))
-    state_dtype = torch.float64 if saved.q.dtype == torch.float64 else torch.float32
-    dh0 = got[5].to(state_dtype) if h0 is not None else None
-    return GDNGrads(dq, dk, dv, dg, dbeta, dh0)
+    """Chunked GDN backward of :func:`chunk_gdn_fwd`.
+
+    ``do: [B,T,HV,V]``, ``dht: [N,HV,K,V]`` (gradient of the final state) or
+    ``None``. ``workspace``: a :class:`gdn_core.ops.backward.BackwardWorkspace`
+    (triton backend) reused across steps, or ``None`` to allocate.
+
+    Raises ``ValueError`` if ``saved`` is not a :class:`GDNSaved`, was made in
+    the other mode (``deterministic`` differs), or ``do``/``dht`` do not fit.
+    """
+    check_backward_args(saved, do, dht, deterministic)
+    return bwd(saved, None, do, dht, workspace=workspace)[0]

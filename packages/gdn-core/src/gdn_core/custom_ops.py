@@ -20,7 +20,11 @@ caller keeps them alive while it calls the op. Handles are made eagerly (in
 the objects' constructors / the packages' builders); inside a compiled region
 an object without a handle is an error (:func:`object_handle`).
 
-**Saved sets.** The forward op of each differentiable pair also returns a
+**Saved sets (KCP ops).** The single-rank ops are flat — their forward
+returns what the backward reads as outputs (:mod:`gdn_core.train_ops`). The
+KCP ops (:mod:`gdn_core.kcp_ops`), whose saved sets hold per-rank state of
+data-dependent shape, still use a stash: the forward op of each
+differentiable pair also returns a
 *token* (0-dim int64 CPU tensor) naming a process-local stash entry
 (:func:`stash_put`) that holds what the backward needs and cannot travel
 through the op's schema (host metadata, layouts, workspaces, the KCP saved

@@ -78,6 +78,25 @@ class LRUCache:
                     self._data.popitem(last=False)
         return value
 
+    def get(self, key: Hashable) -> Any:
+        """The cached value of ``key`` (made most recent), or ``None``."""
+        with self._lock:
+            got = self._data.get(key)
+            if got is None:
+                self.misses += 1
+            else:
+                self._data.move_to_end(key)
+                self.hits += 1
+            return got
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Cache ``value`` under ``key`` (evicting the least recently used)."""
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.maxsize:
+                self._data.popitem(last=False)
+
     def clear(self) -> None:
         with self._lock:
             self._data.clear()

@@ -53,8 +53,7 @@ class PaddedChunkIndex(ChunkIndex):
 
     chunk_capacity: int = 0
 
-    @property
-    def num_chunks(self) -> int:
+    def _grid_chunks(self) -> int:
         return self.chunk_capacity
 
     @property

@@ -50,8 +50,8 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE, ChunkIndex
-from gdn_core.compose import GDNGrads, GDNSaved
 from gdn_core.hostcache import LRUCache, capturing, device_key
+from gdn_core.saved import GDNGrads, GDNSaved
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -144,6 +144,9 @@ class SegmentLayout:
             earlier rank (its first segment is not the document's first).
         last_continues: the last document goes on on a later rank.
         has_h0: the documents start from given initial states.
+        num_docs, num_segments: the counts (plain attributes, set once).
+        trivial: one segment per document and nothing continuing — the plain
+            chunked path (no summaries, no fold).
     """
 
     segment_size: int
@@ -153,6 +156,17 @@ class SegmentLayout:
     first_continues: bool = False
     last_continues: bool = False
     has_h0: bool = False
+    num_docs: int = field(init=False)
+    num_segments: int = field(init=False)
+    trivial: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "num_docs", len(self.doc_offsets) - 1)
+        set_(self, "num_segments", len(self.seg_offsets) - 1)
+        # one segment per document and nothing continuing: the plain path
+        set_(self, "trivial", self.num_segments == self.num_docs and not self.first_continues
+             and not self.last_continues)
 
     @classmethod
     def build(cls, doc_offsets, segment_size: int, *, first_continues: bool = False,
@@ -180,14 +194,6 @@ class SegmentLayout:
             seg.append(b)
             doc_segs.append(len(seg) - 1)
         return cls(S, offs, tuple(seg), tuple(doc_segs), first_continues, last_continues, has_h0)
-
-    @property
-    def num_docs(self) -> int:
-        return len(self.doc_offsets) - 1
-
-    @property
-    def num_segments(self) -> int:
-        return len(self.seg_offsets) - 1
 
     @cached_property
     def seg_doc(self) -> tuple[int, ...]:
@@ -229,12 +235,6 @@ class SegmentLayout:
     def need_P(self) -> tuple[bool, ...]:
         """Segments whose own initial-state gradient the backward fold reads."""
         return tuple(not f for f in self.is_first)
-
-    @property
-    def trivial(self) -> bool:
-        """One segment per document and nothing continuing: the plain path."""
-        return (self.num_segments == self.num_docs and not self.first_continues
-                and not self.last_continues)
 
     @cached_property
     def first_rows(self) -> tuple[int, ...]:
@@ -526,8 +526,10 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     """Phase 1: the chunk-local stages and every needed segment summary.
 
     Inputs as :func:`gdn_core.compose.chunk_gdn_fwd` (validated by the caller);
-    ``layout`` over their flat token axis; ``index``: the layout's chunk table
-    on the device (built here when ``None``; triton backend).
+    ``layout`` over their flat token axis; ``index``: the chunk table of its
+    segments on the device (triton backend; ``None``: the layout's own,
+    :meth:`SegmentLayout.index`) — for a trivial layout, any table of its
+    documents (a :class:`~gdn_core.layout.PaddedChunkIndex` included).
     """
     st = SegmentForward(layout, backend, deterministic, shapes, float(scale),
                         bool(use_qk_l2norm_in_kernel), (q, k, v, g, beta), initial_state)
@@ -544,12 +546,13 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     from gdn_core.ops.l2norm import l2norm_fwd
     from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
-    tabs = L.tables(v.device)
     if index is None:
-        index = tabs.index
+        index = L.tables(v.device).index
     st.index = index
     # the kernels read unit-stride rows: q/k/v arrive as views of a packed projection
-    qf, kf, vf, gf, bf = (_flat(x).contiguous() for x in (q, k, v, g, beta))
+    qf, kf, vf = q.flatten(0, 1).contiguous(), k.flatten(0, 1).contiguous(), \
+        v.flatten(0, 1).contiguous()
+    gf, bf = g.flatten(0, 1).contiguous(), beta.flatten(0, 1).contiguous()
     st.v_flat, st.g_flat, st.beta_flat = vf, gf, bf
     if st.l2:
         st.q_used, st.q_rstd = l2norm_fwd(qf)
@@ -560,7 +563,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     A_inv, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group)
     st.A_inv = inverse_for_backward(A_inv, st.k_used, vf)
     if want:
-        need = tabs.fwd_need
+        need = L.tables(v.device).fwd_need
         _, _, st.summ = chunk_state_fwd(
             st.k_used, st.W, st.U, st.G, index, s.group, output_final_state=True,
             store_states=False, state_width=s.V + s.K, identity_state=True,
@@ -652,7 +655,8 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
             )
         o = o.reshape(s.B, s.T, s.HV, s.V).to(v.dtype)
         saved = GDNSaved(st.deterministic, "reference", s, st.scale, st.l2, q, k, v, g, beta,
-                         st.initial_state, segments=L, seg_states=st.S_in, seg_summ=st.summ)
+                         st.initial_state, segments=None if L.trivial else L, seg_states=st.S_in,
+                         seg_summ=st.summ)
     else:
         from gdn_core.ops.chunk_state import chunk_state_fwd
         from gdn_core.ops.output import chunk_output_fwd
@@ -667,7 +671,8 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         saved = GDNSaved(
             st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, st.v_flat,
             st.g_flat, st.beta_flat, st.initial_state, index=st.index, G=st.G,
-            q_rstd=st.q_rstd, k_rstd=st.k_rstd, segments=L, seg_states=st.S_in,
+            q_rstd=st.q_rstd, k_rstd=st.k_rstd, segments=None if L.trivial else L,
+            seg_states=st.S_in,
             seg_summ=st.summ, A_inv=st.A_inv,
         )
     final = None
@@ -749,15 +754,14 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
 
     ``do: [B,T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None`` (checked by the caller).
     """
-    L = saved.segments
+    L = saved.segments  # None: the plain chunked path (one segment per document)
     bst = SegmentBackward(saved, do, dht, deterministic, workspace)
     s = saved.shapes
-    need = any(L.need_P)
-    sd = bst.state_dtype
+    need = L is not None and any(L.need_P)
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
     if saved.backend == "reference":
-        if need and not L.trivial:
-            D0 = _doc_last_dht(L, dht, L.num_segments, sd)
+        if need:
+            D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
             bst.P = _reference_state_grad(saved, do, init, D0)
         return bst
 
@@ -771,7 +775,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     q, k, v, beta, G = saved.q, saved.k, saved.v, saved.beta, saved.G
     T, H, K = k.shape
     group = s.group
-    bst.do_flat = _flat(do).to(k.dtype).contiguous()
+    bst.do_flat = do.flatten(0, 1).to(k.dtype).contiguous()
     l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None  # as segment_bwd_finish
     bst.workspace, ws = resolve_workspace(
         workspace, deterministic=deterministic,
@@ -794,8 +798,8 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     del U  # spent: v_new holds what the backward needs of it
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
-    if need and not L.trivial:
-        D0 = _doc_last_dht(L, dht, L.num_segments, sd)
+    if need:
+        D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
         flags = L.tables(k.device).bwd_need
         _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
                                       saved.scale, index, group, store=False, need=flags)
@@ -836,10 +840,9 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
     Returns the first segment's ``dS_in`` when ``want_first`` (the ring's
     send), else ``None``.
     """
-    L = bst.layout
     saved = bst.saved
-    s = saved.shapes
-    if L.trivial:
+    L, s = saved.segments, saved.shapes
+    if L is None:  # the plain path: nothing to fold
         bst.D = None
         return None
     n_remote = 0 if remote is None else remote.shape[0]
@@ -868,11 +871,6 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
     return out[ch.extra_row] if (want_first and ch.extra_row is not None) else None
 
 
-def _own_fp32(D: torch.Tensor | None) -> torch.Tensor | None:
-    """The fold's ``D`` when the entry-state gradients may overwrite it (fp32), else ``None``."""
-    return D if D is not None and D.dtype == torch.float32 else None
-
-
 def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
     """Phase 3: the full backward of every segment with ``dht = D``."""
     saved = bst.saved
@@ -893,7 +891,8 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
             scale=saved.scale, index=saved.index, do=bst.do_flat, dht=D,
             g_dtype=saved.g.dtype, deterministic=bst.deterministic, workspace=bst.workspace,
             dqk_dtype=torch.float32 if l2 else None, dv_local=bst.dv_local,
-            num_docs=s.num_docs, dh0=_own_fp32(bst.D),
+            num_docs=s.num_docs,  # the entry-state gradients may overwrite the fold's fp32 D:
+            dh0=bst.D if bst.D is not None and bst.D.dtype == torch.float32 else None,
         )
         if l2:
             from gdn_core.ops.l2norm import l2norm_bwd
@@ -905,7 +904,7 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
         dv = dv.reshape(B, T, s.HV, s.V)
         dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     if want_h0:
-        if not L.trivial:
+        if L is not None:
             dh0 = dh0[L.tables(dh0.device).first_rows]
     else:
         dh0 = None
@@ -923,7 +922,8 @@ def _reference_grads(saved: GDNSaved, do, dht, init):
     with torch.enable_grad():
         o, final = chunk_gdn_reference(
             *(_as_packed(x) for x in leaves), scale=saved.scale, initial_state=h0,
-            output_final_state=dht is not None, cu_seqlens=list(L.seg_offsets),
+            output_final_state=dht is not None,
+            cu_seqlens=list(saved.shapes.offsets if L is None else L.seg_offsets),
             use_qk_l2norm_in_kernel=saved.use_qk_l2norm_in_kernel,
         )
         outs, grads = [o], [_as_packed(do).to(o.dtype)]

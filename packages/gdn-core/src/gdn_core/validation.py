@@ -9,7 +9,7 @@ shapes, values or devices.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,7 +24,8 @@ _REFERENCE_ONLY_DTYPES = (torch.float64,)
 
 @dataclass(frozen=True)
 class GDNShapes:
-    """Validated problem size. ``offsets``: host document offsets on the flat token axis."""
+    """Validated problem size. ``offsets``: host document offsets on the flat token axis;
+    ``group`` (``HV // H``) and ``num_docs`` are plain attributes, set once."""
 
     B: int
     T: int
@@ -33,14 +34,12 @@ class GDNShapes:
     K: int
     V: int
     offsets: tuple[int, ...]
+    group: int = field(init=False)
+    num_docs: int = field(init=False)
 
-    @property
-    def group(self) -> int:
-        return self.HV // self.H
-
-    @property
-    def num_docs(self) -> int:
-        return len(self.offsets) - 1
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "group", self.HV // self.H)
+        object.__setattr__(self, "num_docs", len(self.offsets) - 1)
 
 
 def _require_tensor(name: str, x: object) -> torch.Tensor:

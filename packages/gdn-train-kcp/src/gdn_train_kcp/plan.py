@@ -6,16 +6,10 @@ Thin, mode-typed wrappers over :mod:`gdn_core.kcp.plan` and
 
 from __future__ import annotations
 
-from typing import Any
+from gdn_core.kcp.plan import Fragment, RankTable
 
-import torch
-from gdn_core.chunking import CHUNK_SIZE
-from gdn_core.custom_ops import register_handle
-from gdn_core.kcp.context import KCPContext as CoreKCPContext
-from gdn_core.kcp.context import build_context, build_simulated_contexts
-from gdn_core.kcp.plan import DEFAULT_DOC_SLACK, Fragment, RankTable, partition
-from gdn_core.kcp.plan import KCPPlan as CoreKCPPlan
-from gdn_core.kcp_ops import attach_static_layout, rebind_static_context
+from gdn_train_kcp._typed import KCPContext, KCPPlan
+from gdn_train_kcp.ops import API
 
 __all__ = [
     "KCPContext",
@@ -28,117 +22,7 @@ __all__ = [
     "update_context_kcp",
 ]
 
-
-class KCPPlan(CoreKCPPlan):
-    """A partition of a packed sequence over the ranks (non-deterministic package).
-
-    ``token_range(rank)`` → ``(start, stop)``; ``fragments(rank)`` → the
-    :class:`~gdn_core.kcp.plan.Fragment` s the rank holds (document, global and
-    local offsets, ``prev_rank``/``next_rank`` and ``continues_from``/
-    ``continues_into``); ``local_offsets(rank)``; ``rank_table(rank)`` (the
-    exchange metadata); ``digest()``.
-    """
-
-    deterministic = False
-
-
-class KCPContext(CoreKCPContext):
-    """One rank's context of a :class:`KCPPlan` (:func:`build_context_kcp`).
-
-    Host tables (``table``: :class:`~gdn_core.kcp.plan.RankTable`, conv halo
-    tables) and their device copies (``cu_seqlens``, chunk indices), the
-    process group and the device.
-    """
-
-    deterministic = False
-
-
-def partition_kcp(
-    cu_seqlens: torch.Tensor | list[int],
-    world_size: int,
-    *,
-    chunk_size: int = CHUNK_SIZE,
-    boundary: str = "chunk",
-    segment_size: int | None = None,
-    doc_slack: float = DEFAULT_DOC_SLACK,
-) -> KCPPlan:
-    """Cut the packed sequence over ``world_size`` ranks → :class:`KCPPlan`.
-
-    Pure CPU and deterministic; ``cu_seqlens`` a list or 1-D int tensor of the
-    global packed sequence. ``boundary``:
-
-    * ``"even"`` — balanced token counts (loads differ by at most one token);
-    * ``"chunk"`` (default) — every cut on a chunk boundary of the document it
-      splits (each fragment keeps the single-rank chunk grid), within
-      ``chunk_size/2`` of the balanced position;
-    * ``"doc"`` — cut at document boundaries; split a document (on a chunk
-      boundary) only when no boundary lies within ``doc_slack·T/world_size`` of
-      the balanced position;
-    * ``"segment"`` — cut only at document starts or on ``segment_size``
-      boundaries of a document (default 4096 tokens).
-
-    Any ``world_size >= 1`` and any total length work; ranks may get no token.
-    """
-    return partition(cu_seqlens, world_size, chunk_size=chunk_size, boundary=boundary,
-                     segment_size=segment_size, doc_slack=doc_slack, plan_cls=KCPPlan)
-
-
-def build_context_kcp(
-    plan: KCPPlan,
-    rank: int,
-    *,
-    group: Any = None,
-    device: torch.device | str | None = None,
-    conv_kernel_size: int | None = None,
-    max_docs: int | None = None,
-    max_chunks: int | None = None,
-) -> KCPContext:
-    """Rank ``rank``'s :class:`KCPContext` of ``plan``.
-
-    ``group``: the ``torch.distributed`` process group (``None``: the default
-    group when ``world_size > 1``; no communication at all for one rank).
-    With a group, every rank's plan digest is all-gathered and compared: a
-    mismatch raises ``ValueError`` on every rank (so call it on all ranks).
-    ``device``: where this rank's tensors live (default: the current CUDA
-    device with NCCL, else the CPU). ``conv_kernel_size`` prebuilds the conv
-    halo tables (else built at the first conv call).
-
-    ``max_docs`` (world of one only) makes the context *static*, for CUDA
-    graphs: the differentiable calls then run over fixed-size device tables of
-    up to ``max_docs`` documents and ``max_chunks`` chunks (default: enough for
-    any layout of the shard's length), and :func:`update_context_kcp` points
-    the same context — the same device buffers — at the next batch's plan
-    (see :mod:`gdn_core.kcp_ops`).
-    """
-    ctx = build_context(plan, rank, group=group, device=device,
-                        conv_kernel_size=conv_kernel_size, plan_cls=KCPPlan,
-                        context_cls=KCPContext)
-    if max_docs is not None or max_chunks is not None:
-        if max_docs is None:
-            raise ValueError("max_chunks needs max_docs (a static context's document capacity)")
-        attach_static_layout(ctx, max_docs=max_docs, max_chunks=max_chunks)
-    register_handle(ctx)  # the custom ops reach the context through a handle
-    return ctx
-
-
-def update_context_kcp(context: KCPContext, plan: KCPPlan) -> KCPContext:
-    """Point a static context (``build_context_kcp(..., max_docs=...)``) at ``plan``
-    — a world of one over the same number of tokens, within the capacities — in
-    place, so that a training step captured in a CUDA graph with the old plan
-    replays for the new one. Returns ``context``. Not during a capture."""
-    return rebind_static_context(context, plan, plan_cls=KCPPlan, context_cls=KCPContext)
-
-
-def build_simulated_contexts_kcp(
-    plan: KCPPlan,
-    *,
-    device: torch.device | str | None = None,
-    conv_kernel_size: int | None = None,
-) -> list[KCPContext]:
-    """The contexts of *all* ranks of ``plan`` for a simulated world in one process
-    (no process group): run them with the ``*_simulated`` functions."""
-    ctxs = build_simulated_contexts(plan, device=device, conv_kernel_size=conv_kernel_size,
-                                    plan_cls=KCPPlan, context_cls=KCPContext)
-    for ctx in ctxs:
-        register_handle(ctx)
-    return ctxs
+partition_kcp = API.partition
+build_context_kcp = API.build_context
+update_context_kcp = API.update_context
+build_simulated_contexts_kcp = API.build_simulated_contexts

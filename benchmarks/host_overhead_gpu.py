@@ -1,0 +1,212 @@
+"""Host time of back-to-back forward+backward calls on a GPU (issue 18's host target).
+
+For each implementation — ``gdn_det_train``, ``gdn_train`` and, when importable,
+fla's ``chunk_gated_delta_rule`` — the host loop of ``--iters`` autograd
+forward+backward calls is timed without synchronising (the time the Python
+thread spends enqueueing), then the queue is drained and the device time per
+call taken. Also reported:
+
+* whether a call synchronises (``torch.cuda.set_sync_debug_mode("warn")``
+  around one call: the warnings are counted);
+* this library's kernel launches per call (the launcher registry) and the host
+  cost of one Triton launch (an empty kernel, launched back to back), i.e. the
+  floor the launches alone set;
+* the CUDA-graph path: the same call captured once (a
+  :class:`~gdn_core.layout.VarlenLayout`, fixed-size tables) and replayed: host
+  time per replay.
+
+On a machine without a GPU, ``--device cpu`` runs the same loop (reference
+backend, or the interpreter with ``TRITON_INTERPRET=1``) as a check of the
+script; its figures mean nothing for the GPU.
+
+    python benchmarks/host_overhead_gpu.py [--shape 1,1024,16,128,128] [--dtype bfloat16]
+        [--iters 200] [--no-fla] [--json out.json]
+
+fla dispatches to FlashQLA when ``flash_qla`` is importable: time fla's own kernels in a
+process without it (DESIGN §5). With Triton 3.6 on Hopper set
+``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` (``--fla-force``) to let it run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+
+def _inputs(B: int, T: int, H: int, K: int, V: int, dtype: torch.dtype, device: str):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1)
+    v = torch.randn(B, T, H, V, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, generator=gen)) / 16
+    beta = torch.rand(B, T, H, generator=gen).sigmoid()
+    do = torch.randn(B, T, H, V, generator=gen)
+    ins = [x.to(device=device, dtype=dtype).requires_grad_() for x in (q, k, v, g, beta)]
+    return ins, do.to(device=device, dtype=dtype)
+
+
+def _implementations(args) -> dict[str, Callable]:
+    import gdn_det_train
+    import gdn_train
+
+    impls = {"gdn_det_train": gdn_det_train.chunk_gated_delta_rule_det,
+             "gdn_train": gdn_train.chunk_gated_delta_rule}
+    if not args.no_fla:
+        try:
+            import fla.ops.common.chunk_o as chunk_o
+            from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
+        except ImportError:
+            print("fla not importable: not timed")
+        else:
+            if args.fla_force:
+                chunk_o.TRITON_ABOVE_3_7_1 = True
+            impls["fla"] = fla_gdn
+    return impls
+
+
+def _host_loop(step: Callable[[], None], iters: int, sync: Callable[[], None]
+               ) -> tuple[float, float]:
+    """``(host ms per call, wall ms per call once drained)`` of ``iters`` calls."""
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    t1 = time.perf_counter()
+    sync()
+    t2 = time.perf_counter()
+    return (t1 - t0) * 1e3 / iters, (t2 - t0) * 1e3 / iters
+
+
+def _sync_warnings(step: Callable[[], None], cuda: bool) -> int | None:
+    if not cuda:
+        return None
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+
+
+def _triton_launch_us(device: str, n: int = 2000) -> float | None:
+    """Host µs per launch of an empty Triton kernel (the launch path's own cost)."""
+    if device != "cuda":
+        return None
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _empty(x):
+        tl.program_id(0)
+
+    x = torch.empty(1, device=device)
+    for _ in range(10):
+        _empty[(1,)](x)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        _empty[(1,)](x)
+    t1 = time.perf_counter()
+    torch.cuda.synchronize()
+    return (t1 - t0) * 1e6 / n
+
+
+def _graph_replay_ms(fn: Callable, ins, do, iters: int) -> float:
+    """Host ms per replay of one captured forward+backward (a fixed-size layout)."""
+    from gdn_core.layout import VarlenLayout
+
+    T = ins[0].shape[1] * ins[0].shape[0]
+    flat = [x.detach().reshape(1, T, *x.shape[2:]).clone().requires_grad_() for x in ins]
+    dflat = do.reshape(1, T, *do.shape[2:])
+    layout = VarlenLayout([0, T], device="cuda", max_docs=4)
+
+    def run():
+        o, _ = fn(*flat, cu_seqlens=layout)
+        o.backward(dflat)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            run()
+    torch.cuda.current_stream().wait_stream(side)
+    for x in flat:
+        x.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    host, _ = _host_loop(graph.replay, iters, torch.cuda.synchronize)
+    return host
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--shape", default="1,1024,16,128,128", help="B,T,H,K,V")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--repeats", type=int, default=5, help="host loops per implementation")
+    p.add_argument("--no-fla", action="store_true")
+    p.add_argument("--fla-force", action="store_true")
+    p.add_argument("--no-graph", action="store_true")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+
+    B, T, H, K, V = (int(x) for x in args.shape.split(","))
+    dtype = getattr(torch, args.dtype)
+    cuda = args.device == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    ins, do = _inputs(B, T, H, K, V, dtype, args.device)
+    results: dict = {"shape": args.shape, "dtype": args.dtype, "device": args.device,
+                     "iters": args.iters, "triton_launch_us": _triton_launch_us(args.device)}
+    from gdn_core.ops.registry import record_launches
+
+    for name, fn in _implementations(args).items():
+        def step(fn=fn):
+            for x in ins:
+                x.grad = None
+            o = fn(*ins)[0]
+            o.backward(do)
+
+        for _ in range(args.warmup):
+            step()
+        runs = [_host_loop(step, args.iters, sync) for _ in range(args.repeats)]
+        with record_launches() as launches:
+            step()
+        row = {
+            "host_ms": statistics.median(r[0] for r in runs),
+            "wall_ms": statistics.median(r[1] for r in runs),
+            "sync_warnings": _sync_warnings(step, cuda),
+            "launches": len(launches) if name.startswith("gdn") else None,
+        }
+        if cuda and name.startswith("gdn") and not args.no_graph:
+            row["graph_replay_host_ms"] = _graph_replay_ms(fn, ins, do, args.iters)
+        results[name] = row
+        print(f"{name:14s} host {row['host_ms']:.3f} ms/call, drained {row['wall_ms']:.3f} ms/call,"
+              f" syncs {row['sync_warnings']}, launches {row['launches']}"
+              + (f", graph replay host {row['graph_replay_host_ms']:.3f} ms"
+                 if "graph_replay_host_ms" in row else ""), flush=True)
+    if "fla" in results:
+        for name in ("gdn_det_train", "gdn_train"):
+            ratio = results[name]["host_ms"] / results["fla"]["host_ms"]
+            print(f"{name} host / fla host: {ratio:.2f}")
+    if results["triton_launch_us"] is not None:
+        print(f"Triton launch (empty kernel): {results['triton_launch_us']:.1f} us host each")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
