@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gdn_core.containment import NON_FINITE, assert_other_documents_equal, plant
 from gdn_core.conv1d import causal_conv1d, causal_conv1d_bwd, causal_conv1d_fwd
 
 OFFS = [0, 5, 6, 13, 20]  # a one-token document among others
 D = 3
-BAD = [float("nan"), float("inf"), float("-inf")]
+BAD = NON_FINITE
 
 
 def _inputs(W: int, bias: bool, dtype=torch.float32):
@@ -28,19 +29,12 @@ def _inputs(W: int, bias: bool, dtype=torch.float32):
     return x, w, b, dy, halo
 
 
-def _plant(t: torch.Tensor, doc: int, value: float) -> torch.Tensor:
-    """A copy of ``t [1,T,D]`` with ``value`` at every token of document ``doc``."""
-    t = t.clone()
-    t[0, OFFS[doc]:OFFS[doc + 1]] = value
-    return t
+def _plant(t, doc, value):
+    return plant(t, OFFS, doc, value)
 
 
-def _assert_others_equal(got: torch.Tensor, clean: torch.Tensor, doc: int, what: str) -> None:
-    for n in range(len(OFFS) - 1):
-        if n == doc:
-            continue
-        a, b = got[0, OFFS[n]:OFFS[n + 1]], clean[0, OFFS[n]:OFFS[n + 1]]
-        assert torch.equal(a, b), f"{what}: document {n} changed by a non-finite value in {doc}"
+def _assert_others_equal(got, clean, doc, what):
+    assert_other_documents_equal(got, clean, OFFS, doc, what)
 
 
 def _run(x, w, b, dy, halo, activation, deterministic):
