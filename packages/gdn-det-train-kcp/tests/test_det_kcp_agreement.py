@@ -76,3 +76,12 @@ def test_simulated_calls_are_held_to_the_declaration():
     ctxs = kcp.build_simulated_contexts_det_kcp(plan, dtype=torch.float64)
     with pytest.raises(ValueError, match="declaring dtype=torch.float64"):
         kcp.chunk_gdn_det_fwd_kcp_simulated(*ins, ctxs)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_without_cuda_is_a_valueerror():
+    plan = kcp.partition_det_kcp([0, 8], 1)
+    with pytest.raises(ValueError, match="device='cuda' was given, but CUDA is not available"):
+        kcp.build_context_det_kcp(plan, 0, device="cuda")
+    with pytest.raises(ValueError, match="device='cuda' was given, but CUDA is not available"):
+        kcp.build_simulated_contexts_det_kcp(kcp.partition_det_kcp([0, 8], 2), device="cuda")

@@ -12,16 +12,17 @@ import torch
 __all__ = ["require_device"]
 
 
-def require_device(device: torch.device | str, argname: str = "device") -> torch.device:
+def require_device(device: torch.device | str | int, argname: str = "device") -> torch.device:
     """``device`` as a :class:`torch.device`, after checking that it can be used here.
 
-    The index is kept as given (``"cuda"`` stays ``cuda`` without an index).
-    Raises ``TypeError`` for something that is not a device or a device string,
+    The index is kept as given (``"cuda"`` stays ``cuda`` without an index; an
+    int means that CUDA device, as for :class:`torch.device`). Raises
+    ``TypeError`` for something that is not a device, a device string or an int,
     ``ValueError`` for an unknown device string, for ``cuda`` when CUDA is not
     available in this process, and for a CUDA index beyond the visible devices.
     """
-    if isinstance(device, bool) or not isinstance(device, (torch.device, str)):
-        raise TypeError(f"{argname} must be a torch.device or a device string, got "
+    if isinstance(device, bool) or not isinstance(device, (torch.device, str, int)):
+        raise TypeError(f"{argname} must be a torch.device, a device string or an int, got "
                         f"{type(device).__name__}")
     try:
         dev = torch.device(device)
