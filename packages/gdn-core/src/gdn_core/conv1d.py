@@ -27,6 +27,8 @@ results in the inputs' dtypes.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from gdn_core.chunking import host_offsets
@@ -54,6 +56,19 @@ def _require_float_tensor(name: str, x: object) -> torch.Tensor:
     return x
 
 
+def _require_int_entries(offsets: list | tuple) -> None:
+    """Raise ``TypeError`` for an entry of a list ``cu_seqlens`` that is not an int
+    (a float such as ``3.7`` would otherwise be truncated silently)."""
+    for i, x in enumerate(offsets):
+        try:
+            if isinstance(x, bool):
+                raise TypeError
+            operator.index(x)
+        except TypeError:
+            raise TypeError(f"cu_seqlens entries must be ints, but cu_seqlens[{i}] is "
+                            f"{x!r} ({type(x).__name__})") from None
+
+
 def validate_conv1d_inputs(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -64,8 +79,9 @@ def validate_conv1d_inputs(
 ) -> list[int] | None:
     """Check the conv1d arguments; return the host document offsets (or ``None``).
 
-    Raises ``TypeError`` (non-tensor, dtype) or ``ValueError`` (shape, device,
-    activation, ``cu_seqlens``), naming the public argument.
+    Raises ``TypeError`` (non-tensor, dtype, a ``cu_seqlens`` entry that is not
+    an int) or ``ValueError`` (shape, device, activation, ``cu_seqlens``
+    values), naming the public argument.
     """
     _require_float_tensor("x", x)
     _require_float_tensor("weight", weight)
@@ -103,7 +119,9 @@ def validate_conv1d_inputs(
             raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 or int64")
         if cu_seqlens.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
-    elif not isinstance(cu_seqlens, (list, tuple)):
+    elif isinstance(cu_seqlens, (list, tuple)):
+        _require_int_entries(cu_seqlens)
+    else:
         raise TypeError(
             f"cu_seqlens must be a tensor, a list of ints or None, got {type(cu_seqlens).__name__}"
         )
