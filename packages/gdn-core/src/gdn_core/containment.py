@@ -7,11 +7,11 @@ bit those of a clean run; these are the two steps of that check.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["NON_FINITE", "assert_other_documents_equal", "plant"]
+__all__ = ["NON_FINITE", "assert_other_documents_equal", "check_conv_containment", "plant"]
 
 NON_FINITE = (float("nan"), float("inf"), float("-inf"))
 
@@ -35,3 +35,29 @@ def assert_other_documents_equal(got: torch.Tensor, clean: torch.Tensor,
         if not torch.equal(a, b):
             raise AssertionError(f"{what}: document {n} changed by a non-finite value "
                                  f"planted in document {doc}")
+
+
+def _conv_y_dx(conv: Callable, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+               dy: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    x = x.clone().requires_grad_()
+    y = conv(x, w, b)
+    y.backward(dy)
+    return y.detach(), x.grad
+
+
+def check_conv_containment(conv: Callable, offsets: Sequence[int], where: str, value: float,
+                           doc: int, *, D: int = 4, W: int = 4, seed: int = 0) -> None:
+    """Plant ``value`` in document ``doc`` of ``x`` (``where="x"``) or of the output
+    gradient (``"dy"``) of ``conv(x [1,T,D], weight [D,W], bias [D]) -> y`` (differentiable
+    in ``x``): every other document's ``y`` and ``dx`` must be those of a clean run."""
+    gen = torch.Generator().manual_seed(seed)
+    x, dy = (torch.randn(1, offsets[-1], D, generator=gen) for _ in range(2))
+    w, b = torch.randn(D, W, generator=gen), torch.randn(D, generator=gen)
+    y0, dx0 = _conv_y_dx(conv, x, w, b, dy)
+    if where == "x":
+        x = plant(x, offsets, doc, value)
+    else:
+        dy = plant(dy, offsets, doc, value)
+    y, dx = _conv_y_dx(conv, x, w, b, dy)
+    assert_other_documents_equal(y, y0, offsets, doc, "y")
+    assert_other_documents_equal(dx, dx0, offsets, doc, "dx")
