@@ -6,7 +6,9 @@ size, rank, boundary, declared heads, head dimensions, dtype, exchange, conv
 width, a bad argument or an unusable device on one rank), and records what
 each raised and how long it took. Run it with
 :func:`gdn_core.kcp.testing.run_gloo_world` and ``payload={"package": name}``
-(``"gdn_det_train_kcp"`` or ``"gdn_train_kcp"``).
+(``"gdn_det_train_kcp"`` or ``"gdn_train_kcp"``). The ``check_*`` functions are
+the parent's assertions on those outcomes, and the in-process checks of
+simulated worlds and device arguments, shared by both packages' tests.
 """
 
 from __future__ import annotations
@@ -125,3 +127,69 @@ def check_calls(outcomes: list[dict]) -> None:
         assert o["call_declared"]["error"] is None, o["call_declared"]
         err = o["call_undeclared"]["error"]
         assert err is not None and err[0] == "ValueError" and "exchange" in err[1], err
+
+
+# ----------------------------------------------------- simulated worlds (in-process) --
+
+
+def _fn(api, sfx: str, stem: str):
+    """``api``'s function ``stem`` of this mode: ``chunk_gdn{_det}_fwd_kcp_simulated`` …"""
+    name = stem.replace("{det}", "_det" if sfx == "_det_kcp" else "").replace("{sfx}", sfx)
+    return getattr(api, name)
+
+
+def _sim_world(api, sfx: str, dtypes, HVs, **declared):
+    """A simulated world of ``len(dtypes)`` ranks over an even cut of ``[0, 40, 70]`` and
+    its per-rank ``(qs, ks, vs, gs, betas)``: rank ``r`` in ``dtypes[r]`` with ``HVs[r]``
+    value heads."""
+    world = len(dtypes)
+    plan = _fn(api, sfx, "partition{sfx}")([0, 40, 70], world, boundary="even")
+    ctxs = _fn(api, sfx, "build_simulated_contexts{sfx}")(plan, **declared)
+    shards = []
+    for r in range(world):
+        n, dt, HV = plan.num_tokens(r), dtypes[r], HVs[r]
+        q = torch.randn(1, n, 1, 16, dtype=dt)
+        k = torch.nn.functional.normalize(torch.randn(1, n, 1, 16, dtype=dt), dim=-1)
+        shards.append((q, k, torch.randn(1, n, HV, 16, dtype=dt),
+                       -torch.rand(1, n, HV, dtype=dt), torch.rand(1, n, HV, dtype=dt)))
+    return ctxs, [list(x) for x in zip(*shards)]
+
+
+def check_simulated_disagreement(package: str, dtypes, HVs) -> None:
+    """Simulated ranks whose tensors differ (dtype, value heads) raise ``ValueError``."""
+    import pytest
+
+    api, sfx = _api({"package": package})
+    ctxs, ins = _sim_world(api, sfx, dtypes, HVs)
+    with pytest.raises(ValueError, match="tensors of one .* differ"):
+        _fn(api, sfx, "chunk_gdn{det}_fwd_kcp_simulated")(*ins, ctxs)
+
+
+def check_simulated_declaration(package: str) -> None:
+    """Simulated contexts hold their calls to what the build declared."""
+    import pytest
+
+    api, sfx = _api({"package": package})
+    fwd = _fn(api, sfx, "chunk_gdn{det}_fwd_kcp_simulated")
+    f32 = (torch.float32,) * 2
+    ctxs, ins = _sim_world(api, sfx, f32, (2, 2), heads=(1, 2), head_dims=(16, 16),
+                           dtype=torch.float32, exchange="ring")
+    fwd(*ins, ctxs, exchange="ring")
+    with pytest.raises(ValueError, match="declaring exchange='ring'"):
+        fwd(*ins, ctxs)
+    ctxs, ins = _sim_world(api, sfx, f32, (2, 2), dtype=torch.float64)
+    with pytest.raises(ValueError, match="declaring dtype=torch.float64"):
+        fwd(*ins, ctxs)
+
+
+def check_cuda_refused(package: str) -> None:
+    """``device="cuda"`` without CUDA: ``ValueError`` from the rank and simulated builds."""
+    import pytest
+
+    api, sfx = _api({"package": package})
+    partition = _fn(api, sfx, "partition{sfx}")
+    for build, plan in ((_fn(api, sfx, "build_context{sfx}"), partition([0, 8], 1)),
+                        (_fn(api, sfx, "build_simulated_contexts{sfx}"), partition([0, 8], 2))):
+        args = (plan, 0) if plan.world_size == 1 else (plan,)
+        with pytest.raises(ValueError, match="device='cuda' was given, but CUDA is not"):
+            build(*args, device="cuda")
