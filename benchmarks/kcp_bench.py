@@ -58,6 +58,8 @@ from common import fmt  # noqa: E402
 
 # NVLink multicast off in this process and every rank process it starts
 MULTICAST_OFF = common.import_workspace_module("gdn_core.kcp.nccl").MULTICAST_OFF
+_RANKGROUP = common.import_workspace_module("gdn_core.kcp.rankgroup")
+init_rank_group, destroy_rank_group = _RANKGROUP.init_rank_group, _RANKGROUP.destroy_rank_group
 
 __all__ = ["ARMS", "PACKAGES", "ArmUnavailable", "PackageSpec", "main"]
 
@@ -463,7 +465,6 @@ def time_simulated(api: Api, prob: Problem, args, device) -> list[dict[str, Any]
 
 def _rank_main(spec: PackageSpec, args: argparse.Namespace) -> int:
     """One rank of a real world (a process started by :func:`run_world`)."""
-    import torch.distributed as dist
 
     os.environ.update(MULTICAST_OFF)
     rank, W = args.rank, args.world
@@ -474,18 +475,31 @@ def _rank_main(spec: PackageSpec, args: argparse.Namespace) -> int:
     else:
         device = torch.device("cpu")
         backend = "gloo"
-    dist.init_process_group(backend, init_method=f"file://{os.path.join(args.run_dir, 'store')}",
-                            rank=rank, world_size=W)
+    # the group must die at destroy (gloo aborts a process that tears it down in
+    # interpreter finalisation): see gdn_core.kcp.rankgroup
+    group = init_rank_group(backend, f"file://{os.path.join(args.run_dir, 'store')}", rank, W)
+    code = _time_rank(spec, args, rank, device)
+    destroy_rank_group(group)
+    return code
+
+
+def _time_rank(spec: PackageSpec, args: argparse.Namespace, rank: int, device) -> int:
+    """Time this rank and write its rows → the exit code (1 after printing an error, whose
+    frames are dropped here so that they do not keep the group alive)."""
+    import torch.distributed as dist
+
     try:
         api = load_api(spec, args.base, simulate=False)
         prob = make_problem(api, args, device)
         rows = time_real_rank(api, prob, rank, args, device)
         with open(os.path.join(args.run_dir, f"rank{rank}.json"), "w") as f:
             json.dump(rows, f)
+        del api, prob
         dist.barrier()
-    finally:
-        dist.destroy_process_group()
-    return 0
+        return 0
+    except Exception:  # noqa: BLE001 - reported; the group is then torn down cleanly
+        traceback.print_exc()
+        return 1
 
 
 def run_world(script: str, argv: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:

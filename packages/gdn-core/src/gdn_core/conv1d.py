@@ -27,6 +27,8 @@ results in the inputs' dtypes.
 
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from gdn_core.chunking import host_offsets
@@ -54,6 +56,19 @@ def _require_float_tensor(name: str, x: object) -> torch.Tensor:
     return x
 
 
+def _require_int_entries(offsets: list | tuple) -> None:
+    """Raise ``TypeError`` for an entry of a list ``cu_seqlens`` that is not an int
+    (a float such as ``3.7`` would otherwise be truncated silently)."""
+    for i, x in enumerate(offsets):
+        try:
+            if isinstance(x, bool):
+                raise TypeError
+            operator.index(x)
+        except TypeError:
+            raise TypeError(f"cu_seqlens entries must be ints, but cu_seqlens[{i}] is "
+                            f"{x!r} ({type(x).__name__})") from None
+
+
 def validate_conv1d_inputs(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -64,8 +79,9 @@ def validate_conv1d_inputs(
 ) -> list[int] | None:
     """Check the conv1d arguments; return the host document offsets (or ``None``).
 
-    Raises ``TypeError`` (non-tensor, dtype) or ``ValueError`` (shape, device,
-    activation, ``cu_seqlens``), naming the public argument.
+    Raises ``TypeError`` (non-tensor, dtype, a ``cu_seqlens`` entry that is not
+    an int) or ``ValueError`` (shape, device, activation, ``cu_seqlens``
+    values), naming the public argument.
     """
     _require_float_tensor("x", x)
     _require_float_tensor("weight", weight)
@@ -103,7 +119,9 @@ def validate_conv1d_inputs(
             raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 or int64")
         if cu_seqlens.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
-    elif not isinstance(cu_seqlens, (list, tuple)):
+    elif isinstance(cu_seqlens, (list, tuple)):
+        _require_int_entries(cu_seqlens)
+    else:
         raise TypeError(
             f"cu_seqlens must be a tensor, a list of ints or None, got {type(cu_seqlens).__name__}"
         )
@@ -128,12 +146,14 @@ def _compute_dtype(*xs: torch.Tensor | None) -> torch.dtype:
         else torch.float32
 
 
-def _lag_masks(offsets: list[int] | None, T: int, W: int, device, dtype) -> list | None:
-    """Per lag ``j``: ``[T, 1]`` 0/1 mask of tokens allowed to read ``x[t-j]``.
+def _lag_masks(offsets: list[int] | None, T: int, W: int, device) -> list | None:
+    """Per lag ``j``: ``[T, 1]`` bool mask of tokens allowed to read ``x[t-j]``.
 
     A token may read lag ``j`` if ``t-j`` lies in its document, or if its
     document starts at token 0 (then ``t-j < 0`` reads the halo/zeros).
     ``None`` when nothing needs masking (no ``cu_seqlens``, or one document).
+    The masks *select* (:func:`_masked`), never multiply: a NaN or Inf of one
+    document must not reach another (``0 · NaN`` is NaN).
     """
     if offsets is None or len(offsets) <= 2 or W == 1:
         return None
@@ -141,14 +161,22 @@ def _lag_masks(offsets: list[int] | None, T: int, W: int, device, dtype) -> list
     lengths = torch.tensor([b - a for a, b in zip(offsets[:-1], offsets[1:])], dtype=torch.int64)
     start = torch.repeat_interleave(starts, lengths, output_size=T)
     pos = torch.arange(T, dtype=torch.int64) - start
-    first = start == 0
-    masks = [None]  # lag 0 always allowed
-    for j in range(1, W):
-        masks.append(((pos >= j) | first).to(dtype).to(device).unsqueeze(-1))
-    return masks
+    return _masks_of(pos, start == 0, W, device)
 
 
-def _lag_masks_from_pos(doc_pos: torch.Tensor, x: torch.Tensor, W: int, dtype) -> list | None:
+def _masks_of(pos: torch.Tensor, first: torch.Tensor, W: int, device) -> list:
+    """The per-lag bool masks ``[T, 1]`` from each token's position in its document
+    (``pos``) and whether its document starts at token 0 (``first``); lag 0: ``None``."""
+    return [None] + [((pos >= j) | first).to(device).unsqueeze(-1) for j in range(1, W)]
+
+
+def _masked(t: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``t`` where ``mask`` holds, else zero — a select, so non-finite values masked out
+    stay out."""
+    return t if mask is None else torch.where(mask, t, t.new_zeros(()))
+
+
+def _lag_masks_from_pos(doc_pos: torch.Tensor, x: torch.Tensor, W: int) -> list | None:
     """:func:`_lag_masks` from a device tensor: ``doc_pos [T]``, each token's position in
     its document (as kept by :class:`gdn_core.layout.VarlenLayout`). Device ops only
     (no host data of the layout), so a CUDA graph replays it for another layout."""
@@ -162,18 +190,15 @@ def _lag_masks_from_pos(doc_pos: torch.Tensor, x: torch.Tensor, W: int, dtype) -
         return None
     pos = doc_pos.to(torch.int64)
     first = pos == torch.arange(T, dtype=torch.int64, device=pos.device)
-    masks = [None]
-    for j in range(1, W):
-        masks.append(((pos >= j) | first).to(dtype).unsqueeze(-1))
-    return masks
+    return _masks_of(pos, first, W, pos.device)
 
 
-def _masks(offsets, doc_pos, x, W, dt):
+def _masks(offsets, doc_pos, x, W):
     if doc_pos is not None:
         if offsets is not None:
             raise ValueError("pass cu_seqlens or doc_pos, not both")
-        return _lag_masks_from_pos(doc_pos, x, W, dt)
-    return _lag_masks(offsets, x.shape[1], W, x.device, dt)
+        return _lag_masks_from_pos(doc_pos, x, W)
+    return _lag_masks(offsets, x.shape[1], W, x.device)
 
 
 def _pre_activation(xpad, w, bias, T, W, masks, dt):
@@ -181,9 +206,7 @@ def _pre_activation(xpad, w, bias, T, W, masks, dt):
     acc = bias.to(dt).expand(B, T, D).clone() if bias is not None else xpad.new_zeros(B, T, D)
     for j in range(W):
         term = xpad[:, W - 1 - j : W - 1 - j + T] * w[:, W - 1 - j]
-        if masks is not None and masks[j] is not None:
-            term = term * masks[j]
-        acc += term
+        acc += _masked(term, masks[j] if masks is not None else None)
     return acc
 
 
@@ -216,7 +239,7 @@ def causal_conv1d_fwd(
     B, T, D = x.shape
     W = weight.shape[1]
     dt = _compute_dtype(x, weight, bias, halo)
-    masks = _masks(offsets, doc_pos, x, W, dt)
+    masks = _masks(offsets, doc_pos, x, W)
     pre = _pre_activation(_padded(x, halo, W, dt), weight.to(dt), bias, T, W, masks, dt)
     y = torch.nn.functional.silu(pre) if activation is not None else pre
     return y.to(x.dtype)
@@ -249,7 +272,7 @@ def causal_conv1d_bwd(
     B, T, D = x.shape
     W = weight.shape[1]
     dt = _compute_dtype(x, weight, bias, halo)
-    masks = _masks(offsets, doc_pos, x, W, dt)
+    masks = _masks(offsets, doc_pos, x, W)
     xpad = _padded(x, halo, W, dt)
     w = weight.to(dt)
     dpre = dy.to(dt)
@@ -263,8 +286,7 @@ def causal_conv1d_bwd(
     reduce = token_block_partials if deterministic else (lambda t: t.sum(0, keepdim=True))
     dw_parts = []
     for j in range(W):
-        m = masks[j] if masks is not None else None
-        g = dpre * m if m is not None else dpre
+        g = _masked(dpre, masks[j] if masks is not None else None)
         dxpad[:, W - 1 - j : W - 1 - j + T] += g * w[:, W - 1 - j]
         prod = g * xpad[:, W - 1 - j : W - 1 - j + T]
         dw_parts.append(reduce(prod.reshape(B * T, D)))

@@ -54,11 +54,22 @@ _DOCS = {
 
     ``group``: the ``torch.distributed`` process group (``None``: the default
     group when ``world_size > 1``; no communication at all for one rank).
-    With a group, every rank's plan digest is all-gathered and compared: a
-    mismatch raises ``ValueError`` on every rank (so call it on all ranks).
-    ``device``: where this rank's tensors live (default: the current CUDA
-    device with NCCL, else the CPU). ``conv_kernel_size`` prebuilds the conv
-    halo tables (else built at the first conv call).
+    With a group, one small all-gather (once, here) compares what every rank
+    must agree on — the world size and ranks, the plan (mode, boundary, chunk
+    and segment sizes, digest), ``conv_kernel_size`` and the declared calls —
+    so call it on all ranks: a disagreement raises the same ``ValueError`` on
+    every rank within the collective (no timeout), and a rank whose own
+    arguments are bad raises its error while its peers raise a ``ValueError``
+    naming it. ``device``: where this rank's tensors live (default: the current
+    CUDA device with NCCL, else the CPU; ``ValueError`` for a device this
+    process cannot use, e.g. ``"cuda"`` without CUDA). ``conv_kernel_size``
+    prebuilds the conv halo tables (else built at the first conv call).
+
+    ``heads=(H, HV)``, ``head_dims=(K, V)``, ``dtype`` (of q, k, v, g, beta) and
+    ``exchange`` declare what this rank's GDN calls will use (``None``: not
+    declared). Declare them to have the ranks checked against each other here;
+    a later call that differs from the declaration raises ``ValueError`` before
+    any collective.
 
     ``max_docs`` (world of one only) makes the context *static*, for CUDA
     graphs: the differentiable calls then run over fixed-size device tables of
@@ -73,7 +84,8 @@ _DOCS = {
     replays for the new one. Returns ``context``. Not during a capture.""",
     "build_simulated_contexts": """The contexts of *all* ranks of ``plan`` for a simulated
     world in one process (no process group): run them with the ``*_simulated``
-    functions.""",
+    functions. ``heads``, ``head_dims``, ``dtype``, ``exchange``: declared for
+    every rank, as in the rank context's build.""",
     "fwd": """This rank's {mode_}KCP forward → ``(o, saved)``.
 
     ``q, k: [1,T,H,K]``, ``v: [1,T,HV,V]``, ``g, beta: [1,T,HV]``: this rank's
@@ -207,10 +219,13 @@ class KCPAPI:
 
         def fn(plan: Any, rank: int, *, group: Any = None,
                device: torch.device | str | None = None, conv_kernel_size: int | None = None,
-               max_docs: int | None = None, max_chunks: int | None = None) -> Any:
+               max_docs: int | None = None, max_chunks: int | None = None,
+               heads: tuple[int, int] | None = None, head_dims: tuple[int, int] | None = None,
+               dtype: torch.dtype | None = None, exchange: str | None = None) -> Any:
             ctx = build_context(plan, rank, group=group, device=device,
-                                conv_kernel_size=conv_kernel_size, plan_cls=plan_cls,
-                                context_cls=context_cls)
+                                conv_kernel_size=conv_kernel_size, heads=heads,
+                                head_dims=head_dims, dtype=dtype, exchange=exchange,
+                                plan_cls=plan_cls, context_cls=context_cls)
             if max_docs is not None or max_chunks is not None:
                 if max_docs is None:
                     raise ValueError("max_chunks needs max_docs (a static context's document "
@@ -234,9 +249,12 @@ class KCPAPI:
         plan_cls, context_cls = self.plan_cls, self.context_cls
 
         def fn(plan: Any, *, device: torch.device | str | None = None,
-               conv_kernel_size: int | None = None) -> list[Any]:
+               conv_kernel_size: int | None = None, heads: tuple[int, int] | None = None,
+               head_dims: tuple[int, int] | None = None, dtype: torch.dtype | None = None,
+               exchange: str | None = None) -> list[Any]:
             ctxs = build_simulated_contexts(plan, device=device,
-                                            conv_kernel_size=conv_kernel_size,
+                                            conv_kernel_size=conv_kernel_size, heads=heads,
+                                            head_dims=head_dims, dtype=dtype, exchange=exchange,
                                             plan_cls=plan_cls, context_cls=context_cls)
             for ctx in ctxs:
                 register_handle(ctx)

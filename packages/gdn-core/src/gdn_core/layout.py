@@ -40,6 +40,7 @@ import torch
 
 from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
 from gdn_core.custom_ops import register_handle
+from gdn_core.devices import require_device
 
 __all__ = ["PaddedChunkIndex", "VarlenLayout", "layout_tables"]
 
@@ -157,7 +158,7 @@ class VarlenLayout:
                           else _num_chunks(offs, chunk_size))
         if max_docs is None:
             max_docs = N
-        self.device = torch.device(device)
+        self.device = require_device(device)  # ValueError for a device not usable here
         self.total_tokens = T
         self.max_docs = max_docs
         self.max_chunks = max_chunks

@@ -27,6 +27,8 @@ from typing import Any, ClassVar, TypeVar
 
 import torch
 
+from gdn_core.devices import require_device
+
 __all__ = [
     "DETERMINISTIC",
     "NON_DETERMINISTIC",
@@ -138,7 +140,7 @@ class TypedWorkspace(ModeTyped):
         capacity: Mapping[str, int],
         layout: Mapping[str, Any] | None = None,
     ) -> None:
-        self.device = torch.device(device)
+        self.device = require_device(device)  # ValueError for a device not usable here
         self.capacity = dict(capacity)
         self.layout = dict(layout or {})
 

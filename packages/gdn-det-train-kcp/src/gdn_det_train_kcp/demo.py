@@ -327,6 +327,7 @@ def _setup_determinism(device: torch.device) -> None:
 def _rank_main(rank: int, world: int, cfg_dict: dict, tmp: str, run_name: str) -> None:
     """One rank of a run (in a fresh process started by :func:`run_world`)."""
     import torch.distributed as dist
+    import torch.distributed.nn.functional  # noqa: F401  - before init: see gdn_core.kcp.rankgroup
 
     os.environ.update(MULTICAST_OFF)
     cfg = DemoConfig(**cfg_dict)

@@ -211,6 +211,8 @@ def _prepare_forward(q, k, v, g, beta, ctx, *, scale, use_qk_l2norm_in_kernel, e
         )
     shapes = validate_gdn_inputs(q, k, v, g, beta, scale=scale,
                                  cu_seqlens=list(ctx.local_offsets), allow_float64=True)
+    ctx.check_call(H=shapes.H, HV=shapes.HV, K=shapes.K, V=shapes.V, dtype=q.dtype,
+                   exchange=exchange)  # what the build declared and every rank agreed on
     if q.device != ctx.device and not (q.device.type == ctx.device.type == "cuda"
                                        and ctx.device.index is None):
         raise ValueError(f"the inputs are on {q.device}, but the context was built for "

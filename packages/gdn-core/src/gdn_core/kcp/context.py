@@ -21,6 +21,8 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import ChunkIndex, chunk_index
+from gdn_core.devices import require_device
+from gdn_core.kcp.agree import RunSpec, agreement_error, exchange_records, make_record
 from gdn_core.kcp.exchange import LocalExchange, ProcessGroupExchange
 from gdn_core.kcp.plan import KCPPlan, RankTable
 from gdn_core.typed import ModeTyped, require_instance
@@ -119,6 +121,8 @@ class KCPContext(ModeTyped):
             holding the earlier ranks' segments of the first fragment's
             document, in document order; seg_suffix_rows: the later ranks'
             segments of the last fragment's document, last segment first.
+        spec: what the build declared about the GDN calls
+            (:class:`~gdn_core.kcp.agree.RunSpec`, ``None`` for nothing).
     """
 
     plan: KCPPlan
@@ -136,6 +140,7 @@ class KCPContext(ModeTyped):
     seg_slots: int = 0
     seg_prefix_rows: tuple[int, ...] = ()
     seg_suffix_rows: tuple[int, ...] = ()
+    spec: RunSpec | None = None
     _halos: dict[int, ConvHalo] = field(default_factory=dict, repr=False)
 
     @property
@@ -161,6 +166,13 @@ class KCPContext(ModeTyped):
             self._halos[kernel_size] = _conv_halo(self.plan, self.table, kernel_size, self.device)
         return self._halos[kernel_size]
 
+    def check_call(self, *, H: int, HV: int, K: int, V: int, dtype: torch.dtype,
+                   exchange: str) -> None:
+        """Raise ``ValueError`` if a GDN call's heads, head dimensions, dtype or exchange
+        differ from what the build declared (:attr:`spec`); nothing to check without one."""
+        if self.spec is not None:
+            self.spec.check_call(H=H, HV=HV, K=K, V=V, dtype=dtype, exchange=exchange)
+
     def executor(self):
         """The executor of this rank's exchanges (not for a simulated world)."""
         if self.simulated:
@@ -182,7 +194,7 @@ class KCPContext(ModeTyped):
 
 def _device(device, group) -> torch.device:
     if device is not None:
-        device = torch.device(device)
+        device = require_device(device)
         if device.type == "cuda" and device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
         return device
@@ -192,6 +204,12 @@ def _device(device, group) -> torch.device:
         if "nccl" in str(dist.get_backend(group)).lower() and torch.cuda.is_available():
             return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+def _check_conv_kernel_size(conv_kernel_size: Any) -> None:
+    if conv_kernel_size is not None and (isinstance(conv_kernel_size, bool) or not isinstance(
+            conv_kernel_size, int) or conv_kernel_size < 1):
+        raise ValueError(f"conv_kernel_size must be an int >= 1, got {conv_kernel_size!r}")
 
 
 def _make(plan, rank, device, group, simulated, conv_kernel_size, context_cls) -> KCPContext:
@@ -210,9 +228,7 @@ def _make(plan, rank, device, group, simulated, conv_kernel_size, context_cls) -
     if plan.boundary == "segment":
         _segment_tables(ctx, plan, table, device)
     if conv_kernel_size is not None:
-        if isinstance(conv_kernel_size, bool) or not isinstance(conv_kernel_size, int) \
-                or conv_kernel_size < 1:
-            raise ValueError(f"conv_kernel_size must be an int >= 1, got {conv_kernel_size!r}")
+        _check_conv_kernel_size(conv_kernel_size)
         ctx.conv_halo(conv_kernel_size)
     return ctx
 
@@ -256,30 +272,73 @@ def seg_exchange_rows(ctx: KCPContext, device) -> tuple[torch.Tensor, torch.Tens
     return device_int_tables((ctx.seg_prefix_rows, ctx.seg_suffix_rows), device, torch.int64)
 
 
-def _check_digests(plan: KCPPlan, group, rank: int, device: torch.device) -> None:
+def _default_group(plan: Any) -> Any:
+    """The process group of a build without ``group=``: the default group for a plan of
+    several ranks (it must be initialised), none for a world of one. A rank whose
+    ``plan`` is not a plan still joins an initialised default group, so that its peers
+    learn of its error instead of waiting for it."""
     import torch.distributed as dist
 
-    size = dist.get_world_size(group)
-    if size != plan.world_size:
+    ready = dist.is_available() and dist.is_initialized()
+    world = plan.world_size if isinstance(plan, KCPPlan) else None
+    if world == 1 or (world is None and not ready):
+        return None
+    if not ready:
         raise ValueError(
-            f"the process group has {size} ranks but the plan was made for "
-            f"world_size={plan.world_size}"
+            f"a plan for world_size={world} needs a torch.distributed process "
+            f"group (initialise one, or pass group=...); to run all ranks in one process "
+            f"use the simulated contexts"
         )
-    me = dist.get_rank(group)
-    if me != rank:
-        raise ValueError(f"rank={rank} was given, but this process is rank {me} of the group")
-    backend = str(dist.get_backend(group)).lower()
-    comm = device if ("nccl" in backend and device.type == "cuda") else torch.device("cpu")
-    mine = torch.tensor(plan.digest_words(), dtype=torch.int64, device=comm)
-    got = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(got, mine, group=group)
-    bad = [r for r, t in enumerate(got) if not torch.equal(t.cpu(), mine.cpu())]
-    if bad:
-        raise ValueError(
-            f"plan digest mismatch across the group: rank {rank} holds {plan.digest()[:16]}…, "
-            f"ranks {bad} hold another plan (every rank must build the same plan from the "
-            f"same cu_seqlens, world_size, chunk_size and boundary)"
-        )
+    return dist.group.WORLD
+
+
+def _comm_device(group: Any) -> torch.device:
+    """Where a collective's tensors must live for ``group``'s backend."""
+    import torch.distributed as dist
+
+    if "nccl" in str(dist.get_backend(group)).lower():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@dataclass
+class _Checked:
+    """The outcome of one rank's own checks of a context build."""
+
+    plan: KCPPlan | None = None
+    device: torch.device | None = None
+    spec: RunSpec | None = None
+    error: Exception | None = None
+
+
+def _local_checks(plan, rank, group, device, conv_kernel_size, spec_args: dict,
+                  plan_cls: type) -> _Checked:
+    """Every check one rank can make alone. An error is kept, not raised, so that
+    :func:`_agree` tells the peers first."""
+    out = _Checked()
+    try:
+        out.plan = require_instance(plan, plan_cls, "plan")
+        out.plan._check_rank(rank)
+        _check_conv_kernel_size(conv_kernel_size)
+        out.spec = RunSpec.make(**spec_args)
+        out.device = _device(device, group)
+    except (TypeError, ValueError) as err:
+        out.error = err
+    return out
+
+
+def _agree(checked: _Checked, rank: Any, group: Any, conv_kernel_size: Any) -> None:
+    """One all-gather of every rank's record (:mod:`gdn_core.kcp.agree`); raises this
+    rank's own error, or the ``ValueError`` every rank raises on a disagreement."""
+    import torch.distributed as dist
+
+    record = make_record(checked.plan, rank, dist.get_rank(group), conv_kernel_size,
+                         checked.spec, checked.error is not None)
+    message = agreement_error(exchange_records(record, group, _comm_device(group)))
+    if checked.error is not None:
+        raise checked.error
+    if message is not None:
+        raise ValueError(message)
 
 
 def build_context(
@@ -289,6 +348,10 @@ def build_context(
     group: Any = None,
     device: torch.device | str | None = None,
     conv_kernel_size: int | None = None,
+    heads: tuple[int, int] | None = None,
+    head_dims: tuple[int, int] | None = None,
+    dtype: torch.dtype | None = None,
+    exchange: str | None = None,
     plan_cls: type[KCPPlan] = KCPPlan,
     context_cls: type[KCPContext] = KCPContext,
 ) -> KCPContext:
@@ -296,27 +359,29 @@ def build_context(
 
     ``group``: a ``torch.distributed`` process group; ``None`` means the
     default group when ``plan.world_size > 1`` (it must be initialised) and no
-    communication at all for a world of one. With a group, the plan digests
-    of all ranks are all-gathered and compared (``ValueError`` on mismatch, on
-    every rank). ``device``: where the rank's tensors live (default: the
-    current CUDA device for an NCCL group, else the CPU).
+    communication at all for a world of one. With a group, every rank's record
+    (world size, rank, plan, conv width, declared calls: :mod:`gdn_core.kcp.agree`)
+    is all-gathered once and compared: a disagreement raises the same
+    ``ValueError`` on every rank, and a rank whose own arguments are bad raises
+    its error while its peers raise a ``ValueError`` naming it. ``device``:
+    where the rank's tensors live (default: the current CUDA device for an NCCL
+    group, else the CPU; ``ValueError`` for a device this process cannot use).
+    ``heads=(H, HV)``, ``head_dims=(K, V)``, ``dtype``, ``exchange``: what this
+    rank's GDN calls will use (:class:`~gdn_core.kcp.agree.RunSpec`; ``None``:
+    not declared) — agreed on here, and a call that differs raises ``ValueError``
+    before any collective.
     """
-    plan = require_instance(plan, plan_cls, "plan")
-    plan._check_rank(rank)
-    if plan.world_size > 1 and group is None:
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()):
-            raise ValueError(
-                f"a plan for world_size={plan.world_size} needs a torch.distributed process "
-                f"group (initialise one, or pass group=...); to run all ranks in one process "
-                f"use the simulated contexts"
-            )
-        group = dist.group.WORLD
-    dev = _device(device, group)
+    spec_args = dict(heads=heads, head_dims=head_dims, dtype=dtype, exchange=exchange)
+    if group is None:
+        group = _default_group(plan)
+    checked = _local_checks(plan, rank, group, device, conv_kernel_size, spec_args, plan_cls)
     if group is not None:
-        _check_digests(plan, group, rank, dev)
-    return _make(plan, rank, dev, group, False, conv_kernel_size, context_cls)
+        _agree(checked, rank, group, conv_kernel_size)
+    elif checked.error is not None:
+        raise checked.error
+    ctx = _make(checked.plan, rank, checked.device, group, False, conv_kernel_size, context_cls)
+    ctx.spec = checked.spec
+    return ctx
 
 
 def build_simulated_contexts(
@@ -324,11 +389,22 @@ def build_simulated_contexts(
     *,
     device: torch.device | str | None = None,
     conv_kernel_size: int | None = None,
+    heads: tuple[int, int] | None = None,
+    head_dims: tuple[int, int] | None = None,
+    dtype: torch.dtype | None = None,
+    exchange: str | None = None,
     plan_cls: type[KCPPlan] = KCPPlan,
     context_cls: type[KCPContext] = KCPContext,
 ) -> list[KCPContext]:
-    """The contexts of every rank of ``plan`` for a simulated world in this process."""
+    """The contexts of every rank of ``plan`` for a simulated world in this process
+    (``heads``, ``head_dims``, ``dtype``, ``exchange``: as in :func:`build_context`,
+    the same declaration for every rank)."""
     plan = require_instance(plan, plan_cls, "plan")
+    _check_conv_kernel_size(conv_kernel_size)
+    spec = RunSpec.make(heads=heads, head_dims=head_dims, dtype=dtype, exchange=exchange)
     dev = _device(device, None)
-    return [_make(plan, r, dev, None, True, conv_kernel_size, context_cls)
+    ctxs = [_make(plan, r, dev, None, True, conv_kernel_size, context_cls)
             for r in range(plan.world_size)]
+    for ctx in ctxs:
+        ctx.spec = spec
+    return ctxs

@@ -137,6 +137,23 @@ def drive(steps: Steps, executor: Callable[[Request], Any]) -> Any:
         return stop.value
 
 
+def _payload(req: Request) -> torch.Tensor:
+    return req.tensor if isinstance(req, AllGather) else req.carry
+
+
+def _check_same_payload(reqs: list[Request]) -> None:
+    """Raise ``ValueError`` unless every rank's tensor of one collective has the same
+    shape and dtype (over a process group, gloo would abort the process or hang)."""
+    metas = [(tuple(_payload(r).shape), _payload(r).dtype) for r in reqs]
+    if len(set(metas)) > 1:
+        shown = ", ".join(f"rank {i}: {list(s)} {str(d).removeprefix('torch.')}"
+                          for i, (s, d) in enumerate(metas))
+        raise ValueError(
+            f"simulated world: the ranks' tensors of one {type(reqs[0]).__name__} differ "
+            f"({shown}); every rank must call with the same heads, head dimensions and "
+            "dtype")
+
+
 def drive_simulated(all_steps: list[Steps]) -> list[Any]:
     """Run every rank's generator of one world in this process; return their results.
 
@@ -168,6 +185,7 @@ def drive_simulated(all_steps: list[Steps]) -> list[Any]:
                 f"({[type(p).__name__ if p is not None else 'finished' for p in pending]})"
             )
         reqs = pending
+        _check_same_payload(reqs)
         if isinstance(reqs[0], AllGather):
             shared = None  # ranks without a buffer share one (read-only) result
             for r in range(W):

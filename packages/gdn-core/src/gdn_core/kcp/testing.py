@@ -8,6 +8,11 @@ collects the results in rank order. A failing rank's traceback is raised in
 the parent. Batch several checks into one call: each process pays the
 interpreter and ``torch`` start-up (a few seconds on a small CPU).
 
+Every rank destroys its group before it exits and checks that the group is gone
+(:mod:`gdn_core.kcp.rankgroup`: a group that outlives ``destroy_process_group`` is
+torn down during interpreter finalisation, where gloo can abort the process), so a
+rank exits 0 or 1 — also after a peer raised.
+
 Workers run with ``OMP_NUM_THREADS=1`` and NVLink multicast off
 (:data:`gdn_core.kcp.nccl.MULTICAST_OFF`). Gloo workers also get, unless the caller overrides it,
 ``GDN_CORE_BACKEND=reference`` with ``TRITON_INTERPRET`` unset, so that they use
@@ -22,12 +27,14 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from gdn_core.kcp.nccl import MULTICAST_OFF
+from gdn_core.kcp.rankgroup import destroy_rank_group, init_rank_group
 
 __all__ = ["run_gloo_world", "run_world"]
 
@@ -111,17 +118,15 @@ def run_world(
                 for r in range(world_size)]
 
 
-def _child(argv: list[str]) -> None:
-    worker_file, function, rank, world_size, tmp, backend = argv
-    rank, world_size = int(rank), int(world_size)
+def _run_worker(worker_file: str, function: str, rank: int, world_size: int, tmp: str) -> int:
+    """Load the worker by path, run ``function`` and save its result → the exit code.
+
+    A failure prints its traceback and returns 1: the error is not kept, so its
+    frames (which may hold contexts and the group) are freed before the group is
+    destroyed (:mod:`gdn_core.kcp.rankgroup`).
+    """
     import torch.distributed as dist
 
-    kwargs = {}
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-        kwargs["device_id"] = torch.device("cuda", rank)
-    dist.init_process_group(backend, init_method=f"file://{os.path.join(tmp, 'store')}",
-                            rank=rank, world_size=world_size, **kwargs)
     try:
         # the worker is a test file given by path, not a module of this repository
         spec = importlib.util.spec_from_file_location(f"_gdn_kcp_worker_{rank}", worker_file)
@@ -130,12 +135,27 @@ def _child(argv: list[str]) -> None:
         payload = torch.load(os.path.join(tmp, "payload.pt"), weights_only=False)
         result = getattr(module, function)(rank, world_size, payload)
         torch.save(result, os.path.join(tmp, f"result{rank}.pt"))
-        # Every rank done before any tears down: one gloo rank aborted at teardown
-        # ("terminate called without an active exception", exit -6) in a fresh-clone
-        # CI run of 2026-12-01, after saving its result.
-        dist.barrier()
-    finally:
-        dist.destroy_process_group()
+        del module, result
+        dist.barrier()  # every rank done before any tears down
+        return 0
+    except BaseException:  # noqa: BLE001 - reported, then the group is torn down cleanly
+        traceback.print_exc()
+        return 1
+
+
+def _child(argv: list[str]) -> None:
+    worker_file, function, rank, world_size, tmp, backend = argv
+    rank, world_size = int(rank), int(world_size)
+    kwargs = {}
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        kwargs["device_id"] = torch.device("cuda", rank)
+    group = init_rank_group(backend, f"file://{os.path.join(tmp, 'store')}", rank, world_size,
+                            **kwargs)
+    code = _run_worker(worker_file, function, rank, world_size, tmp)
+    destroy_rank_group(group)
+    sys.stdout.flush()
+    sys.exit(code)
 
 
 if __name__ == "__main__":
