@@ -16,7 +16,7 @@
 # variants kcp nccl bits hosttime", "split"); "variants" times benchmarks/kernel_variants.py;
 # "bits" compares the deterministic calls' bits of a carried .old/ checkout (git worktree
 # add .old <commit>, carry [".old"]) with this tree's (tools/bits_snapshot.py --backends cuda);
-# "hosttime" runs benchmarks/host_time_gpu.py (HOST_ARMS, default det,nondet; HOST_SHAPE);
+# "hosttime" runs benchmarks/host_overhead_gpu.py (HOST_SHAPE, HOST_EXTRA);
 # "sanitize" runs compute-sanitizer on the two shapes that hit an illegal address
 # on 2026-11-30 (it names the faulting kernel);
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
@@ -233,9 +233,10 @@ run_bits() {  # issue 18: the deterministic calls' bits before (.old: a checkout
   echo "bits exit $?"; tail -4 "$OUT/bits.log"
 }
 
-run_hosttime() {  # issue 18: host time of back-to-back fwd+bwd calls (HOST_ARMS, HOST_SHAPE)
-  timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/host_time_gpu.py --arms "${HOST_ARMS:-det,nondet}" \
-    --shape "${HOST_SHAPE:-1,1024,16}" > "$OUT/host_time.md" 2>&1
+run_hosttime() {  # issue 18: host time of back-to-back fwd+bwd calls (HOST_SHAPE, HOST_EXTRA)
+  timeout "${HOST_TIMEOUT:-200}" python3 benchmarks/host_overhead_gpu.py \
+    --shape "${HOST_SHAPE:-1,1024,16,128,128}" --json "$OUT/host_time.json" ${HOST_EXTRA:-} \
+    > "$OUT/host_time.md" 2>&1
   echo "host time exit $?"; cat "$OUT/host_time.md"
 }
 
