@@ -1,6 +1,6 @@
 """Ranks that disagree fail at context build, on every rank, within seconds (issue 20).
 
-A real gloo world of two runs :mod:`gdn_core.kcp.agree_checks`: context
+A real gloo world of two runs :mod:`gdn_core.kcp.agree_checks` (det_kcp_agree_worker.py): context
 builds whose arguments differ between the ranks in one respect each (world
 size, rank, boundary, declared heads, head dimensions, dtype, exchange, conv
 width), a bad argument or an unusable device on one rank, and a declared
@@ -10,18 +10,20 @@ context's calls. Simulated worlds: ranks whose tensors disagree raise
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gdn_core.kcp.agree_checks as checks
+import gdn_det_train_kcp as kcp
 import pytest
 import torch
 from gdn_core.kcp.testing import run_gloo_world
 
-PACKAGE = "gdn_det_train_kcp"
+WORKER = Path(__file__).with_name("det_kcp_agree_worker.py")
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    return run_gloo_world(2, checks.__file__, "agreement_scenarios", {"package": PACKAGE},
-                          timeout=180)
+    return run_gloo_world(2, WORKER, "agreement_scenarios", timeout=180)
 
 
 @pytest.mark.parametrize("name", sorted(checks.DISAGREEMENTS))
@@ -46,13 +48,13 @@ def test_calls_are_held_to_the_declaration(outcomes):
 @pytest.mark.parametrize("dtypes, HVs", [((torch.float32, torch.float64), (2, 2)),
                                          ((torch.float32, torch.float32), (2, 4))])
 def test_simulated_ranks_that_disagree_raise_valueerror(dtypes, HVs):
-    checks.check_simulated_disagreement(PACKAGE, dtypes, HVs)
+    checks.check_simulated_disagreement(kcp, dtypes, HVs)
 
 
 def test_simulated_calls_are_held_to_the_declaration():
-    checks.check_simulated_declaration(PACKAGE)
+    checks.check_simulated_declaration(kcp)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_is_a_valueerror():
-    checks.check_cuda_refused(PACKAGE)
+    checks.check_cuda_refused(kcp)

@@ -1,25 +1,23 @@
-"""Gloo worker of the cross-rank agreement tests of both KCP packages (loaded by path).
+"""The cross-rank agreement checks shared by both KCP packages' tests.
 
-:func:`agreement_scenarios` runs, on every rank of a world of two, context
+:func:`run_scenarios` (called by each package's gloo worker file with the
+package module) runs, on every rank of a world of two, context
 builds whose arguments differ between the ranks in one respect each (world
 size, rank, boundary, declared heads, head dimensions, dtype, exchange, conv
 width, a bad argument or an unusable device on one rank), and records what
-each raised and how long it took. Run it with
-:func:`gdn_core.kcp.testing.run_gloo_world` and ``payload={"package": name}``
-(``"gdn_det_train_kcp"`` or ``"gdn_train_kcp"``). The ``check_*`` functions are
+each raised and how long it took. The ``check_*`` functions are
 the parent's assertions on those outcomes, and the in-process checks of
 simulated worlds and device arguments, shared by both packages' tests.
 """
 
 from __future__ import annotations
 
-import importlib
 import time
 from typing import Any
 
 import torch
 
-__all__ = ["SCENARIOS", "agreement_scenarios"]
+__all__ = ["SCENARIOS", "run_scenarios"]
 
 OFFSETS = [0, 100, 101, 250]
 
@@ -48,9 +46,9 @@ def _variants(rank: int) -> dict[str, dict[str, Any]]:
 SCENARIOS = tuple(_variants(0))
 
 
-def _api(payload: dict) -> tuple[Any, str]:
-    name = payload["package"]
-    return importlib.import_module(name), ("_det_kcp" if "det" in name else "_kcp")
+def _suffix(api: Any) -> str:
+    """The names' suffix of a KCP package module: ``"_det_kcp"`` or ``"_kcp"``."""
+    return "_det_kcp" if getattr(api, "__name__", "").startswith("gdn_det") else "_kcp"
 
 
 def _build(api, sfx: str, rank: int, v: dict) -> Any:
@@ -77,13 +75,14 @@ def _call(api, sfx: str, ctx, exchange: str) -> None:
         q, k, v, g, b, ctx, exchange=exchange)
 
 
-def agreement_scenarios(rank: int, world_size: int, payload: dict) -> dict:
-    """Every scenario's outcome on this rank (``{"error": (type, message) | None,
-    "seconds": float}``), then a declared context's calls: the declared exchange runs,
-    another raises (on both ranks, before any collective)."""
+def run_scenarios(api: Any, rank: int) -> dict:
+    """Every scenario's outcome on this rank of a gloo world of two (``api``: the KCP
+    package module) → ``{name: {"error": (type, message) | None, "seconds": float}}``,
+    then a declared context's calls: the declared exchange runs, another raises (on
+    both ranks, before any collective)."""
     import torch.distributed as dist
 
-    api, sfx = _api(payload)
+    sfx = _suffix(api)
     out = {name: _outcome(lambda v=v: _build(api, sfx, rank, v))
            for name, v in _variants(rank).items()}
     ctx = _build(api, sfx, rank, _variants(rank)["agree"])
@@ -155,21 +154,21 @@ def _sim_world(api, sfx: str, dtypes, HVs, **declared):
     return ctxs, [list(x) for x in zip(*shards)]
 
 
-def check_simulated_disagreement(package: str, dtypes, HVs) -> None:
+def check_simulated_disagreement(api: Any, dtypes, HVs) -> None:
     """Simulated ranks whose tensors differ (dtype, value heads) raise ``ValueError``."""
     import pytest
 
-    api, sfx = _api({"package": package})
+    sfx = _suffix(api)
     ctxs, ins = _sim_world(api, sfx, dtypes, HVs)
     with pytest.raises(ValueError, match="tensors of one .* differ"):
         _fn(api, sfx, "chunk_gdn{det}_fwd_kcp_simulated")(*ins, ctxs)
 
 
-def check_simulated_declaration(package: str) -> None:
+def check_simulated_declaration(api: Any) -> None:
     """Simulated contexts hold their calls to what the build declared."""
     import pytest
 
-    api, sfx = _api({"package": package})
+    sfx = _suffix(api)
     fwd = _fn(api, sfx, "chunk_gdn{det}_fwd_kcp_simulated")
     f32 = (torch.float32,) * 2
     ctxs, ins = _sim_world(api, sfx, f32, (2, 2), heads=(1, 2), head_dims=(16, 16),
@@ -182,11 +181,11 @@ def check_simulated_declaration(package: str) -> None:
         fwd(*ins, ctxs)
 
 
-def check_cuda_refused(package: str) -> None:
+def check_cuda_refused(api: Any) -> None:
     """``device="cuda"`` without CUDA: ``ValueError`` from the rank and simulated builds."""
     import pytest
 
-    api, sfx = _api({"package": package})
+    sfx = _suffix(api)
     partition = _fn(api, sfx, "partition{sfx}")
     for build, plan in ((_fn(api, sfx, "build_context{sfx}"), partition([0, 8], 1)),
                         (_fn(api, sfx, "build_simulated_contexts{sfx}"), partition([0, 8], 2))):
