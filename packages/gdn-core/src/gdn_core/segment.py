@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from gdn_core import reference_phases
 from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE, ChunkIndex
 from gdn_core.hostcache import LRUCache, capturing, device_key
 from gdn_core.saved import GDNGrads, GDNSaved
@@ -511,10 +512,6 @@ class SegmentForward:
         return None if self.summ is None else self.summ[a:b]
 
 
-def _flat(x: torch.Tensor) -> torch.Tensor:
-    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-
 def _as_packed(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(1, x.shape[0] * x.shape[1], *x.shape[2:])
 
@@ -536,9 +533,9 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     L = layout
     s = shapes
     want = any(L.need_E)  # some segment's summary is read (need_M implies need_E)
-    if backend == "reference":
+    if backend == "reference":  # the CPU path
         if want:
-            st.summ = _reference_summaries(st)
+            st.summ = reference_phases.summaries(st)
         return st
 
     from gdn_core.ops.chunk_state import chunk_state_fwd
@@ -570,30 +567,6 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
             store_v_new=False, need=need,
         )
     return st
-
-
-def _reference_prepared(st):
-    from gdn_core.reference import _prepare
-
-    q, k, v, g, beta = (_as_packed(x) for x in st.inputs)
-    _, k, v, g, beta, _ = _prepare(q, k, v, g, beta, st.scale, st.l2)
-    return _flat(k), _flat(v), _flat(g), _flat(beta)
-
-
-def _reference_summaries(st: SegmentForward) -> torch.Tensor:
-    from gdn_core.reference import chunk_cumsum_ref, chunk_states_ref, wy_ref
-
-    L = st.layout
-    k, v, g, beta = _reference_prepared(st)
-    T, HV, K = k.shape
-    bounds = list(zip(L.seg_offsets[:-1], L.seg_offsets[1:]))
-    G = chunk_cumsum_ref(g, bounds)
-    _, W, U = wy_ref(k, v, beta, G, bounds)
-    Uz = torch.cat([U, U.new_zeros(T, HV, K)], dim=-1)
-    init = k.new_zeros(L.num_segments, HV, K, U.shape[-1] + K)
-    init[..., U.shape[-1]:] = torch.eye(K, dtype=k.dtype, device=k.device)
-    _, _, summ = chunk_states_ref(k, W, Uz, G, bounds, init)
-    return summ
 
 
 def segment_fwd_fold(st: SegmentForward, *, remote: torch.Tensor | None = None,
@@ -642,21 +615,9 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
     Returns ``(o [B,T,HV,V], final [N,HV,K,V] or None, saved)``.
     """
     L, s = st.layout, st.shapes
-    q, k, v, g, beta = st.inputs
     init = st.S_in if st.S_in is not None else st.initial_state
-    if st.backend == "reference":
-        from gdn_core.reference import chunk_gdn_reference
-
-        with torch.no_grad():
-            o, fin = chunk_gdn_reference(
-                _as_packed(q), _as_packed(k), _as_packed(v), _as_packed(g), _as_packed(beta),
-                scale=st.scale, initial_state=init, output_final_state=output_final_state,
-                cu_seqlens=list(L.seg_offsets), use_qk_l2norm_in_kernel=st.l2,
-            )
-        o = o.reshape(s.B, s.T, s.HV, s.V).to(v.dtype)
-        saved = GDNSaved(st.deterministic, "reference", s, st.scale, st.l2, q, k, v, g, beta,
-                         st.initial_state, segments=None if L.trivial else L, seg_states=st.S_in,
-                         seg_summ=st.summ)
+    if st.backend == "reference":  # the CPU path
+        o, fin, saved = reference_phases.forward(st, init, output_final_state)
     else:
         from gdn_core.ops.chunk_state import chunk_state_fwd
         from gdn_core.ops.output import chunk_output_fwd
@@ -759,10 +720,10 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     s = saved.shapes
     need = L is not None and any(L.need_P)
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
-    if saved.backend == "reference":
+    if saved.backend == "reference":  # the CPU path
         if need:
             D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
-            bst.P = _reference_state_grad(saved, do, init, D0)
+            bst.P = reference_phases.entry_state_grads(saved, do, init, D0)
         return bst
 
     from gdn_core.ops.backward import resolve_workspace, uses_dq_partials
@@ -804,28 +765,6 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
                                       saved.scale, index, group, store=False, need=flags)
     return bst
-
-
-def _reference_state_grad(saved: GDNSaved, do, init, D0) -> torch.Tensor:
-    """Reference backend: the gradient w.r.t. every segment's entry state."""
-    from gdn_core.reference import chunk_gdn_reference
-
-    L = saved.segments
-    ins = [_as_packed(x).detach() for x in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
-    h0 = init.detach().requires_grad_(True)
-    with torch.enable_grad():
-        o, fin = chunk_gdn_reference(
-            *ins, scale=saved.scale, initial_state=h0, output_final_state=D0 is not None,
-            cu_seqlens=list(L.seg_offsets), use_qk_l2norm_in_kernel=saved.use_qk_l2norm_in_kernel,
-        )
-        outs, grads = [o], [_as_packed(do).to(o.dtype)]
-        if D0 is not None:
-            outs.append(fin)
-            grads.append(D0.to(fin.dtype))
-        (dh0,) = torch.autograd.grad(outs, [h0], grads, allow_unused=True)
-    if dh0 is None:
-        dh0 = torch.zeros_like(h0)
-    return dh0.to(_state_dtype(saved.q.dtype))
 
 
 def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None,
@@ -878,8 +817,8 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
     D = bst.D if bst.D is not None else bst.dht
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
     want_h0 = saved.initial_state is not None
-    if saved.backend == "reference":
-        dq, dk, dv, dg, dbeta, dh0 = _reference_grads(saved, bst.do, D, init)
+    if saved.backend == "reference":  # the CPU path
+        dq, dk, dv, dg, dbeta, dh0 = reference_phases.backward(saved, bst.do, D, init)
     else:
         from gdn_core.ops.backward import Recomputed, backward_from_recompute
 
@@ -909,33 +848,6 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
     else:
         dh0 = None
     return GDNGrads(dq, dk, dv, dg, dbeta, dh0)
-
-
-def _reference_grads(saved: GDNSaved, do, dht, init):
-    """Autograd through the fp32 chunked reference over the segments."""
-    from gdn_core.reference import chunk_gdn_reference
-
-    L = saved.segments
-    leaves = [x.detach().requires_grad_(True)
-              for x in (saved.q, saved.k, saved.v, saved.g, saved.beta)]
-    h0 = None if init is None else init.detach().requires_grad_(True)
-    with torch.enable_grad():
-        o, final = chunk_gdn_reference(
-            *(_as_packed(x) for x in leaves), scale=saved.scale, initial_state=h0,
-            output_final_state=dht is not None,
-            cu_seqlens=list(saved.shapes.offsets if L is None else L.seg_offsets),
-            use_qk_l2norm_in_kernel=saved.use_qk_l2norm_in_kernel,
-        )
-        outs, grads = [o], [_as_packed(do).to(o.dtype)]
-        if dht is not None:
-            outs.append(final)
-            grads.append(dht.to(final.dtype))
-        wrt = leaves + ([h0] if h0 is not None else [])
-        got = torch.autograd.grad(outs, wrt, grads, allow_unused=True)
-    got = [torch.zeros_like(w) if d is None else d for d, w in zip(got, wrt)]
-    dq, dk, dv, dg, dbeta = (d.to(x.dtype) for d, x in zip(got[:5], leaves))
-    dh0 = got[5].to(_state_dtype(saved.q.dtype)) if h0 is not None else None
-    return dq, dk, dv, dg, dbeta, dh0
 
 
 def segment_bwd(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | None = None, *,
