@@ -24,9 +24,12 @@ __all__ = ["SwitchChecks", "SwitchChecksGPU", "diff_packed_layer", "tiny_qwen3_n
            "train_side_by_side"]
 
 
-def tiny_qwen3_next_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+def tiny_qwen3_next_model(seed: int = 0, dtype: torch.dtype = torch.float32, *,
+                          dense_mlp: bool = False) -> torch.nn.Module:
     """``Qwen3NextForCausalLM``: 3 layers (GDN, full attention, GDN), hidden 32, GDN heads
-    2 q/k and 4 value of 16, 4 experts (top 2), vocab 64."""
+    2 q/k and 4 value of 16, 4 experts (top 2), vocab 64; ``dense_mlp``: a dense MLP in
+    every layer instead (no top-k routing: in bf16 a routing decision flips on the
+    rounding of its logits, and the experts' gradients then differ by whole tokens)."""
     from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
 
     cfg = Qwen3NextConfig(
@@ -35,7 +38,8 @@ def tiny_qwen3_next_model(seed: int = 0, dtype: torch.dtype = torch.float32) -> 
         linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16,
         linear_value_head_dim=16, linear_conv_kernel_dim=4, num_experts=4,
         num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=16,
-        layer_types=["linear_attention", "full_attention", "linear_attention"])
+        layer_types=["linear_attention", "full_attention", "linear_attention"],
+        mlp_only_layers=[0, 1, 2] if dense_mlp else [])
     state = torch.random.get_rng_state()
     torch.manual_seed(seed)
     try:
@@ -58,13 +62,13 @@ def _step(model: torch.nn.Module, ids: torch.Tensor, opt: torch.optim.Optimizer,
 
 def train_side_by_side(switch: Callable[[torch.nn.Module], list[str]], steps: int = 3,
                        seed: int = 0, shape: tuple[int, int] = (2, 48), *,
-                       device: str = "cpu", dtype: torch.dtype = torch.float32
-                       ) -> list[dict[str, Any]]:
+                       device: str = "cpu", dtype: torch.dtype = torch.float32,
+                       dense_mlp: bool = False) -> list[dict[str, Any]]:
     """Train the model and a ``switch``-ed copy ``steps`` AdamW steps on the same random
     batches → per step ``{"loss", "loss_diff", "grad_diff": {name: max |Δ|},
     "grad_rel": {name: max |Δ| / max |g|}, "missing": names with a gradient on one
     side only, "switched": layer names}``."""
-    ref = tiny_qwen3_next_model(seed, dtype).to(device)
+    ref = tiny_qwen3_next_model(seed, dtype, dense_mlp=dense_mlp).to(device)
     ours = copy.deepcopy(ref)
     switched = switch(ours)
     opts = [torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (ref, ours)]
@@ -223,8 +227,11 @@ class SwitchChecksGPU:
         torch.use_deterministic_algorithms(was, warn_only=warn)
 
     def test_bf16_switched_model_trains_like_its_own_path(self):
+        # dense MLPs: on the H200 (2026-12-01) the MoE model's expert gradients differed by
+        # up to 16% between two bf16 runs whose GDN-layer gradients agreed within 1.6%
         report = train_side_by_side(self.package.use_in_transformers, steps=3,
-                                    shape=(2, 256), device="cuda", dtype=torch.bfloat16)
+                                    shape=(2, 256), device="cuda", dtype=torch.bfloat16,
+                                    dense_mlp=True)
         for step in report:
             assert step["missing"] == []
             assert step["loss_diff"] < 2e-2 * step["loss"], step["loss_diff"]
