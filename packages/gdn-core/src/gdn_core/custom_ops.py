@@ -59,6 +59,7 @@ __all__ = [
     "autograd_enabled",
     "define_op",
     "is_compiling",
+    "keep_alive",
     "lookup",
     "object_handle",
     "register_handle",
@@ -115,6 +116,17 @@ def object_handle(obj: Any, argname: str = "object") -> torch.Tensor:
             "this library's constructors (or use it once eagerly) outside torch.compile"
         )
     return register_handle(obj)
+
+
+def keep_alive(output: torch.Tensor, *objs: Any) -> torch.Tensor:
+    """Hold ``objs`` (the objects behind an op call's handles) as long as ``output``'s
+    autograd node lives, so that the backward finds them: a ``VarlenLayout`` built in
+    the call expression is otherwise collected before ``backward()`` looks it up.
+    Returns ``output``; a no-op without a graph."""
+    node = output.grad_fn
+    if node is not None:
+        node.metadata.setdefault("gdn_handles", []).extend(o for o in objs if o is not None)
+    return output
 
 
 def lookup(handle: torch.Tensor, argname: str = "object") -> Any:

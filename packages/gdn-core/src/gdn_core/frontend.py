@@ -24,7 +24,7 @@ import torch
 
 from gdn_core import compose
 from gdn_core.autograd import TrainGrads, TrainSaved, TrainWorkspace
-from gdn_core.custom_ops import object_handle
+from gdn_core.custom_ops import keep_alive, object_handle
 from gdn_core.layout import VarlenLayout
 from gdn_core.plan import make_plan
 from gdn_core.train_ops import TrainOps, define_train_ops, layout_segment_size, op_plan
@@ -141,12 +141,12 @@ class SingleRankAPI:
             A_log: Tensor | None = None, dt_bias: Tensor | None = None,
             workspace: TrainWorkspace | None = None, segment_size: int | None = None,
         ) -> tuple[Tensor, Tensor | None]:
-            layout = ws = None
+            layout = ws = lay_obj = None
             if workspace is not None:
                 require_instance(workspace, ws_cls, "workspace")
                 ws = object_handle(workspace, "workspace")
             if isinstance(cu_seqlens, VarlenLayout):
-                layout, cu_seqlens = cu_seqlens.handle, cu_seqlens.cu_seqlens
+                lay_obj, layout, cu_seqlens = cu_seqlens, cu_seqlens.handle, cu_seqlens.cu_seqlens
             if not torch.compiler.is_compiling():  # eagerly: every check here, once
                 if layout is not None:
                     layout_segment_size(segment_size)
@@ -170,6 +170,8 @@ class SingleRankAPI:
                 None if scale is None else float(scale), bool(output_final_state),
                 bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), None, segment_size,
             )
+            if not torch.compiler.is_compiling():  # the backward looks the handles up
+                keep_alive(o, lay_obj, workspace)
             return o, (final if output_final_state else None)
 
         self.autograd = _named(call, self.module, name, doc)

@@ -38,7 +38,7 @@ import torch
 
 from gdn_core.compose import bwd, fwd
 from gdn_core.conv1d import causal_conv1d_bwd, causal_conv1d_fwd, validate_conv1d_inputs
-from gdn_core.custom_ops import autograd_enabled, define_op, lookup
+from gdn_core.custom_ops import autograd_enabled, define_op, keep_alive, lookup
 from gdn_core.layout import VarlenLayout
 from gdn_core.ops.wy import inverse_for_backward
 from gdn_core.plan import GDNPlan, make_plan, resolve_backend, saved_state_rows
@@ -353,9 +353,9 @@ class TrainOps:
     def causal_conv1d(self, x, weight, bias=None, activation="silu", cu_seqlens=None,
                       halo=None) -> Tensor:
         """Differentiable causal depthwise conv1d through the ops (see :mod:`gdn_core.conv1d`)."""
-        layout = None
+        layout = lay_obj = None
         if isinstance(cu_seqlens, VarlenLayout):
-            layout, cu_seqlens = cu_seqlens.handle, None
+            lay_obj, layout, cu_seqlens = cu_seqlens, cu_seqlens.handle, None
             if not torch.compiler.is_compiling():
                 validate_conv1d_inputs(x, weight, bias, activation, None, halo)
         elif not torch.compiler.is_compiling():
@@ -364,7 +364,8 @@ class TrainOps:
                 cu_seqlens = torch.tensor(offsets, dtype=torch.int64)
         elif isinstance(cu_seqlens, (list, tuple)):
             cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
-        return self.conv(x, weight, bias, halo, cu_seqlens, layout, activation)
+        y = self.conv(x, weight, bias, halo, cu_seqlens, layout, activation)
+        return y if torch.compiler.is_compiling() else keep_alive(y, lay_obj)
 
 
 _DEFINED: dict[str, TrainOps] = {}

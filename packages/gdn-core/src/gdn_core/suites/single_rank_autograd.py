@@ -42,6 +42,25 @@ def test_cu_seqlens_as_list_and_empty_document(api):
     assert torch.equal(got["ht"][1], inputs["initial_state"][1])
 
 
+def test_layout_built_in_the_call_lives_until_backward(api):
+    """A ``VarlenLayout`` made in the call expression: the backward still finds it
+    (the op reaches it through a handle; the autograd node holds it)."""
+    import gc
+
+    from gdn_core.layout import VarlenLayout
+
+    inputs, cu, cot = make_inputs([5, 70], seed=4, cu_as_list=True)
+    leaves = {n: x.detach().clone().requires_grad_() for n, x in inputs.items()
+              if x is not None}
+    o, _ = api.autograd(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                        cu_seqlens=VarlenLayout(cu), segment_size=0)
+    gc.collect()
+    (o.float() * cot["do"].float()).sum().backward()
+    want = run_fwd_bwd(api.autograd, {**inputs, "initial_state": None}, cu, cot,
+                       output_final_state=False)
+    assert torch.equal(o.detach(), want["o"])
+
+
 def test_bf16_inputs_on_cpu(api):
     inputs, cu, cot = make_inputs([20, 50], dtype=torch.bfloat16, seed=4, gate=True)
     got = run_fwd_bwd(api.autograd, inputs, cu, cot, l2norm=True)
