@@ -154,6 +154,10 @@ def make_plan(
             :func:`~gdn_core.segment.resolve_segment_size` and
             :func:`resolve_backend` document.
     """
+    for name, flag in (("output_final_state", output_final_state),
+                       ("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)):
+        if not isinstance(flag, bool):  # "no" would switch the option on
+            raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
     env = os.environ
     if cu_seqlens is None:
         offsets = None

@@ -100,8 +100,10 @@ def validate_gdn_inputs(
     ``initial_state: [N,HV,K,V]`` float, ``cu_seqlens: [N+1]`` int (``B == 1``).
 
     Raises:
-        TypeError: a non-tensor argument or an unsupported dtype.
-        ValueError: a shape, head-count, ``cu_seqlens`` or device mismatch.
+        TypeError: a non-tensor argument, an unsupported dtype, a ``scale`` that is
+            not a number (a bool is not).
+        ValueError: a shape, head-count (``H`` or ``HV`` zero included), ``cu_seqlens``
+            or device mismatch, a non-finite ``scale``.
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _require_tensor(name, x)
@@ -114,7 +116,7 @@ def validate_gdn_inputs(
     if v.dim() != 4 or v.shape[:2] != (B, T):
         raise ValueError(f"v must be [B={B}, T={T}, HV, V], got shape {tuple(v.shape)}")
     HV, V = v.shape[2], v.shape[3]
-    if H == 0 or HV % H != 0:
+    if H == 0 or HV == 0 or HV % H != 0:
         raise ValueError(
             f"the value heads HV={HV} (v.shape[2]) must be a positive multiple of the "
             f"q/k heads H={H} (q.shape[2])"
@@ -140,8 +142,12 @@ def validate_gdn_inputs(
         devices.add(initial_state.device)
     if len(devices) != 1:
         raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
-    if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale)):
-        raise ValueError(f"scale must be a finite float or None, got {scale!r}")
+    if scale is not None:
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)):
+            raise TypeError(f"scale must be a float or None, got {type(scale).__name__} "
+                            f"{scale!r}")
+        if not math.isfinite(scale):
+            raise ValueError(f"scale must be a finite float or None, got {scale!r}")
 
     if cu_seqlens is not None:
         offs = _check_cu_seqlens(cu_seqlens, B, T)

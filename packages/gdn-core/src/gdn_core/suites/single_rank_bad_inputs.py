@@ -29,6 +29,12 @@ def _base():
         (dict(cu_seqlens=torch.tensor([0.0, 10.0])), TypeError, "cu_seqlens has dtype"),
         (dict(initial_state=torch.zeros(2, 2, 16, 16)), ValueError, "initial_state must have"),
         (dict(scale=float("nan")), ValueError, "scale must be a finite float"),
+        (dict(scale=True), TypeError, "scale must be a float or None, got bool"),
+        (dict(scale="0.5"), TypeError, "scale must be a float or None, got str"),
+        (dict(output_final_state="no"), TypeError, "output_final_state must be a bool"),
+        (dict(use_qk_l2norm_in_kernel="no"), TypeError, "use_qk_l2norm_in_kernel must be a bool"),
+        (dict(v=torch.zeros(1, 10, 0, 16), g=torch.zeros(1, 10, 0), beta=torch.zeros(1, 10, 0)),
+         ValueError, r"HV=0 \(v.shape\[2\]\) must be a positive multiple"),
     ],
 )
 def test_bad_inputs(api, call, change, exc, pattern):
