@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The H200 validation: every package's `gpu` tests, the single-rank benchmark
 # against fla (bf16, anchor shapes) and the simulated-world KCP benchmark.
-# Logs and JSON land in $OUT, packed into $OUT/all.tgz at the end.
+# Logs and JSON land in $OUT, packed into $OUT/all_<STAGES>.tgz at the end (one archive per invocation).
 #
 #   device run (repo root, carry [".whl"]):  bash tools/h200_validate.sh
 #
@@ -251,6 +251,11 @@ if [[ $STAGES == *kcp* ]]; then run_kcp; fi
 if [[ $STAGES == *nccl* ]]; then run_nccl; fi
 if [[ $STAGES == *bits* ]]; then run_bits; fi
 if [[ $STAGES == *hosttime* ]]; then run_hosttime; fi
-# The device tool brings back a few files only: one archive holds them all.
-tar czf /tmp/h200_out.tgz -C "$OUT" . && rm -rf "${OUT:?}"/* && mv /tmp/h200_out.tgz "$OUT/all.tgz"
+# The device tool brings back a few files only: one archive per invocation holds this
+# invocation's files (archives of earlier invocations in the same command are kept, not
+# packed over: a second invocation once replaced the first one's gpu-test log).
+ARCHIVE="all_${STAGES// /_}.tgz"
+find "$OUT" -mindepth 1 -maxdepth 1 ! -name 'all*.tgz' -printf '%P\n' > /tmp/h200_out.list
+tar czf /tmp/h200_out.tgz -C "$OUT" -T /tmp/h200_out.list \
+  && (cd "$OUT" && xargs -d '\n' rm -rf < /tmp/h200_out.list) && mv /tmp/h200_out.tgz "$OUT/$ARCHIVE"
 exit 0
