@@ -28,6 +28,7 @@ results in the inputs' dtypes.
 from __future__ import annotations
 
 import operator
+import os
 
 import torch
 
@@ -180,17 +181,49 @@ def _lag_masks_from_pos(doc_pos: torch.Tensor, x: torch.Tensor, W: int) -> list 
     """:func:`_lag_masks` from a device tensor: ``doc_pos [T]``, each token's position in
     its document (as kept by :class:`gdn_core.layout.VarlenLayout`). Device ops only
     (no host data of the layout), so a CUDA graph replays it for another layout."""
+    _check_doc_pos(doc_pos, x)
+    T = x.shape[1]
+    if W == 1:
+        return None
+    pos = doc_pos.to(torch.int64)
+    first = pos == torch.arange(T, dtype=torch.int64, device=pos.device)
+    return _masks_of(pos, first, W, pos.device)
+
+
+def _check_doc_pos(doc_pos: torch.Tensor, x: torch.Tensor) -> None:
     B, T, _ = x.shape
     if B != 1:
         raise ValueError(f"doc_pos requires batch size B == 1 (packed documents), got B={B}")
     if not isinstance(doc_pos, torch.Tensor) or tuple(doc_pos.shape) != (T,) \
             or doc_pos.dtype not in (torch.int32, torch.int64) or doc_pos.device != x.device:
         raise ValueError(f"doc_pos must be an int32/int64 tensor of shape ({T},) on {x.device}")
-    if W == 1:
+
+
+def _kernel_doc_pos(offsets, doc_pos, x):
+    """``doc_pos`` checked for the kernels (the checks of the torch path)."""
+    if doc_pos is None:
         return None
-    pos = doc_pos.to(torch.int64)
-    first = pos == torch.arange(T, dtype=torch.int64, device=pos.device)
-    return _masks_of(pos, first, W, pos.device)
+    if offsets is not None:
+        raise ValueError("pass cu_seqlens or doc_pos, not both")
+    _check_doc_pos(doc_pos, x)
+    return doc_pos
+
+
+def _use_kernels(x, weight, bias, halo) -> bool:
+    """Whether the Triton kernels (:mod:`gdn_core.ops.conv1d`) run this call: CUDA
+    tensors, or CPU ones with ``GDN_CORE_BACKEND=triton`` under ``TRITON_INTERPRET=1``
+    (the tests); not with ``GDN_CORE_BACKEND=reference``, fp64, or a filter wider
+    than the kernels unroll."""
+    backend = os.environ.get("GDN_CORE_BACKEND")
+    if backend == "reference":
+        return False
+    if not x.is_cuda and not (backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"):
+        return False
+    if any(t is not None and t.dtype == torch.float64 for t in (x, weight, bias, halo)):
+        return False
+    from gdn_core.ops.conv1d import MAX_TRITON_WIDTH
+
+    return weight.shape[1] <= MAX_TRITON_WIDTH
 
 
 def _masks(offsets, doc_pos, x, W):
@@ -236,6 +269,11 @@ def causal_conv1d_fwd(
     """
     del deterministic
     offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
+    if _use_kernels(x, weight, bias, halo):
+        from gdn_core.ops.conv1d import conv1d_fwd
+
+        return conv1d_fwd(x, weight, bias, activation, offsets, halo,
+                          _kernel_doc_pos(offsets, doc_pos, x))
     B, T, D = x.shape
     W = weight.shape[1]
     dt = _compute_dtype(x, weight, bias, halo)
@@ -269,6 +307,11 @@ def causal_conv1d_bwd(
     if dy.shape != x.shape or dy.device != x.device:
         raise ValueError(f"dy must match x ({tuple(x.shape)} on {x.device}), got "
                          f"{tuple(dy.shape)} on {dy.device}")
+    if _use_kernels(x, weight, bias, halo):
+        from gdn_core.ops.conv1d_bwd import conv1d_bwd
+
+        return conv1d_bwd(x, weight, bias, dy, activation, offsets, halo,
+                          _kernel_doc_pos(offsets, doc_pos, x))
     B, T, D = x.shape
     W = weight.shape[1]
     dt = _compute_dtype(x, weight, bias, halo)
