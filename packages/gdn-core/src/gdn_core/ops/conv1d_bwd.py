@@ -30,13 +30,13 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_core.ops.conv1d import CONV_BLOCK_D, _ACT, _doc_start, _load_tap, doc_source
+from gdn_core.ops.conv1d import CONV_BLOCK_D, _ACT, _load_tap, doc_source
 from gdn_core.ops.registry import launcher
 
 __all__ = ["CONV_BWD_BLOCK_T", "CONV_BWD_TOKEN_BLOCK", "conv1d_bwd"]
 
 #: tokens per sub-tile of a backward program
-CONV_BWD_BLOCK_T = 32
+CONV_BWD_BLOCK_T = 16
 #: tokens per backward program: one fp32 partial of dweight/dbias per block (a constant)
 CONV_BWD_TOKEN_BLOCK = 256
 _REDUCE_ROWS = 8
@@ -44,32 +44,76 @@ _REDUCE_COLS = 256
 
 
 @triton.jit
+def _doc_run(t, T, cu, n_cu, steps, pos, W: tl.constexpr, MODE: tl.constexpr):
+    """``(start(t), run(t))``: the first token of ``t``'s document and how many of the
+    next ``W-1`` tokens belong to it (``t + k`` is in the document iff ``k <= run``);
+    tokens ``t < 0`` (halo slots) belong to the document at token 0."""
+    tc = tl.minimum(tl.maximum(t, 0), T - 1)
+    if MODE == 1:  # one search gives both ends: cu[lo] <= t < cu[lo + 1]
+        lo = tl.zeros_like(tc)
+        hi = lo + (n_cu - 1)
+        for _ in range(steps):
+            mid = (lo + hi + 1) // 2
+            ok = tl.load(cu + mid).to(tl.int64) <= tc
+            lo = tl.where(ok, mid, lo)
+            hi = tl.where(ok, hi, mid - 1)
+        start = tl.load(cu + lo).to(tl.int64)
+        run = tl.minimum(tl.load(cu + lo + 1).to(tl.int64) - 1 - t, W - 1)
+    elif MODE == 2:  # t + k continues t's document iff doc_pos[t + k] == doc_pos[t] + k
+        pt = tl.where(t < 0, t, tl.load(pos + tc).to(tl.int64))
+        start = tc - tl.maximum(pt, 0)
+        run = tl.zeros_like(tc)
+        cont = t < T
+        for k in tl.static_range(1, W):
+            pk = t + k
+            pkc = tl.minimum(tl.maximum(pk, 0), T - 1)
+            cont = cont & (pk < T) & ((pk < 0) | (tl.load(pos + pkc).to(tl.int64) == pt + k))
+            run += cont.to(tl.int64)
+    else:
+        start = tl.zeros_like(tc)
+        run = tl.minimum(T - 1 - t, W - 1)
+    return start, run
+
+
+@triton.jit
+def _tap(x, halo, i_b, t, k, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W: tl.constexpr,
+         HAS_HALO: tl.constexpr):
+    """``x[t + k]`` where it lies in ``t``'s document (before ``t``: at or after its
+    start, or the halo for the document at token 0; after ``t``: ``k <= run``), else
+    zero (not loaded). The mask depends on ``k`` alone, so the repeated taps of the
+    backward are one load each."""
+    if k > 0:
+        ok = k <= run
+    else:
+        ok = (t + k >= st) | (st == 0)
+    return _load_tap(x, halo, i_b, t + k, ok, o_d, m_d, T, D, sxb, sxt, sxd, W, HAS_HALO)
+
+
+@triton.jit
 def _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps, pos,
              sxb, sxt, sxd, syb, syt, syd, swd, sww, W: tl.constexpr, ACT: tl.constexpr,
              HAS_BIAS: tl.constexpr, HAS_HALO: tl.constexpr, MODE: tl.constexpr,
              BT: tl.constexpr, BD: tl.constexpr):
-    """``(dx [BT, BD], g(t) [BT, BD], start(t))`` of the tokens ``o_t`` (fp32; ``g``
-    zero outside ``[0, T)``)."""
-    st = _doc_start(o_t, T, cu, n_cu, steps, pos, MODE)
+    """``(dx [BT, BD], g(t) [BT, BD], start(t), run(t))`` of the tokens ``o_t`` (fp32;
+    ``g`` zero outside ``[0, T)``)."""
+    st, run = _doc_run(o_t, T, cu, n_cu, steps, pos, W, MODE)
     if HAS_BIAS:
         b_b = tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)
     dx = tl.zeros([BT, BD], dtype=tl.float32)
     g0 = tl.zeros([BT, BD], dtype=tl.float32)
-    for j in tl.static_range(W):  # output token s = t + j, tap j of it reads t
+    for j in tl.static_range(W):  # output token s = t + j; its tap j reads t
         s = o_t + j
         if j == 0:
-            ss = st
+            same = (s >= 0) & (s < T)
         else:
-            ss = _doc_start(s, T, cu, n_cu, steps, pos, MODE)
-        same = (s >= 0) & (s < T) & (ss == st)
+            same = (s >= 0) & (j <= run)
         if HAS_BIAS:
             pre = tl.zeros([BT, BD], dtype=tl.float32) + b_b[None, :]
         else:
             pre = tl.zeros([BT, BD], dtype=tl.float32)
-        for i in tl.static_range(W):
-            p = s - i
-            ok = same & ((p >= ss) | (ss == 0))
-            b_x = _load_tap(x, halo, i_b, p, ok, o_d, m_d, T, D, sxb, sxt, sxd, W, HAS_HALO)
+        for i in tl.static_range(W):  # tap i of s reads t + j - i
+            b_x = _tap(x, halo, i_b, o_t, j - i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W,
+                       HAS_HALO)
             b_w = tl.load(w + o_d * swd + (W - 1 - i) * sww, mask=m_d, other=0.0)
             pre += b_x * b_w.to(tl.float32)[None, :]
         sc = tl.minimum(tl.maximum(s, 0), T - 1)
@@ -78,12 +122,13 @@ def _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps, po
         if ACT == 1:
             sg = tl.sigmoid(pre)
             g = g * (sg * (1.0 + pre * (1.0 - sg)))
-        g = tl.where(same[:, None], g, 0.0)  # a select: nothing of another document
+        # a select: a token of another document (whose taps were not all read) adds nothing
+        g = tl.where(same[:, None], g, 0.0)
         b_w = tl.load(w + o_d * swd + (W - 1 - j) * sww, mask=m_d, other=0.0)
         dx += g * b_w.to(tl.float32)[None, :]
         if j == 0:
             g0 = g
-    return dx, g0, st
+    return dx, g0, st, run
 
 
 @triton.jit
@@ -101,15 +146,14 @@ def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_c
     for it in range(0, tl.minimum(SUB, tl.cdiv(T - i_k * (SUB * BT), BT))):
         o_t = (i_k.to(tl.int64) * SUB + it) * BT + tl.arange(0, BT)
         m_t = o_t < T
-        b_dx, g, st = _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps,
+        b_dx, g, st, run = _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps,
                                pos, sxb, sxt, sxd, syb, syt, syd, swd, sww, W, ACT, HAS_BIAS,
                                HAS_HALO, MODE, BT, BD)
         tl.store(dx + (i_b * T + o_t[:, None]) * D + o_d[None, :], b_dx.to(dx.dtype.element_ty),
                  mask=m_t[:, None] & m_d[None, :])
-        for i in tl.static_range(W):
-            p = o_t - i
-            ok = m_t & ((p >= st) | (st == 0))
-            b_x = _load_tap(x, halo, i_b, p, ok, o_d, m_d, T, D, sxb, sxt, sxd, W, HAS_HALO)
+        for i in tl.static_range(W):  # g(t) is zero for t >= T
+            b_x = _tap(x, halo, i_b, o_t, -i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W,
+                       HAS_HALO)
             part_i = tl.sum(g * b_x, axis=0)
             acc = tl.where(r_w[:, None] == W - 1 - i, acc + part_i[None, :], acc)
         if HAS_BIAS:
@@ -121,7 +165,7 @@ def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_c
         if i_k == 0:  # the halo slots t = -(W-1) .. -1
             o_t = tl.arange(0, BT).to(tl.int64) - BT
             m_h = o_t >= 1 - W
-            b_dh, g, st = _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu,
+            b_dh, g, st, run = _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu,
                                    steps, pos, sxb, sxt, sxd, syb, syt, syd, swd, sww, W, ACT,
                                    HAS_BIAS, HAS_HALO, MODE, BT, BD)
             oh = tl.minimum(tl.maximum(o_t + (W - 1), 0), W - 2)
