@@ -21,6 +21,8 @@ if not torch.cuda.is_available():
     import gdn_core.kcp  # noqa: F401,E402
     import gdn_core.ops  # noqa: F401,E402
     import gdn_core.ops.backward  # noqa: F401,E402
+    import gdn_core.ops.conv1d  # noqa: F401,E402
+    import gdn_core.ops.conv1d_bwd  # noqa: F401,E402
     import gdn_core.ops.group_reduce  # noqa: F401,E402
 
 
