@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_core.ops.conv1d import CONV_BLOCK_D, _ACT, _load_tap, doc_source
+from gdn_core.ops.conv1d import _ACT, CONV_BLOCK_D, _load_tap, doc_source
 from gdn_core.ops.registry import launcher
 
 __all__ = ["CONV_BWD_BLOCK_T", "CONV_BWD_TOKEN_BLOCK", "conv1d_bwd"]
