@@ -20,9 +20,19 @@ send back to the rank that owns those tokens (dropping the zero slots').
 The backward is explicit: ``dx`` (and ``dhalo``) are dense shifted adds in a
 fixed order; ``dweight`` and ``dbias`` are reductions over all tokens, computed
 when ``deterministic=True`` as in :func:`gdn_core.gate.ordered_token_sum`
-(partials over a fixed grid of token blocks, added in block order). Plain
-vectorised torch: runs on CPU and CUDA; compute in fp32 (fp64 for fp64 input),
-results in the inputs' dtypes.
+(partials over a fixed grid of token blocks, added in block order). Compute in
+fp32 (fp64 for fp64 input), results in the inputs' dtypes.
+
+**Two implementations.** CUDA tensors run the Triton kernels of
+:mod:`gdn_core.ops.conv1d` / :mod:`gdn_core.ops.conv1d_bwd` (deterministic
+whatever ``deterministic`` says: per-block partials of ``dweight``/``dbias``
+added in a fixed order, no atomics; strided inputs read in place). Everything
+else runs the vectorised torch code below: CPU tensors (unless
+``GDN_CORE_BACKEND=triton`` with ``TRITON_INTERPRET=1``, which runs the kernels
+under the interpreter — the tests), fp64, ``GDN_CORE_BACKEND=reference``, and
+filters wider than :data:`gdn_core.ops.conv1d.MAX_TRITON_WIDTH`. Both give the
+same results within fp32 rounding, keep every document's NaN/Inf in it, and
+check their arguments alike.
 """
 
 from __future__ import annotations
