@@ -123,8 +123,8 @@ def test_fp16_loose():
 
 
 def test_strided_views_without_copy():
-    """``x``/``dy`` as column slices of wider tensors, a transposed weight: the same bits
-    as the contiguous tensors."""
+    """``x``/``dy`` as column slices of wider tensors, a transposed weight, channels-first
+    storage: the same bits as the contiguous tensors."""
     cu = [0, 6, 20]
     x, w, b, dy, h = _inputs(1, 20, 5, 4, True, True, seed=41)
     wide = _rand(1, 20, 12, seed=42)
@@ -134,6 +134,10 @@ def test_strided_views_without_copy():
     wt = w.T.contiguous().T  # [D, W] with strides (1, D)
     got = _both(wide[..., 3:8], wt, b, wide_dy[..., 1:6], "silu", cu, h)
     want = _both(x, w, b, dy, "silu", cu, h)
+    assert all(torch.equal(a, c) for a, c in zip(got, want))
+    # channels-first storage (a transposed view) is copied once, same bits
+    xt = x.transpose(1, 2).contiguous().transpose(1, 2)
+    got = _both(xt, w, b, dy.transpose(1, 2).contiguous().transpose(1, 2), "silu", cu, h)
     assert all(torch.equal(a, c) for a, c in zip(got, want))
 
 

@@ -132,7 +132,8 @@ def conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                halo: torch.Tensor | None, doc_pos: torch.Tensor | None = None) -> torch.Tensor:
     """The forward on validated inputs → ``y [B, T, D]`` contiguous, ``x``'s dtype.
 
-    ``x [B, T, D]`` any strides; ``weight [D, W]`` any strides (``W <=``
+    ``x [B, T, D]`` any strides (read in place when its channels are contiguous);
+    ``weight [D, W]`` any strides (``W <=``
     :data:`MAX_TRITON_WIDTH`); ``bias [D]``; ``halo [B, W-1, D]`` or ``None``;
     ``offsets`` host document offsets (``B == 1``) or ``None``; ``doc_pos``
     ``[T]`` device ints instead of ``offsets``. fp16/bf16/fp32.
@@ -142,6 +143,7 @@ def conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     y = torch.empty(B, T, D, dtype=x.dtype, device=x.device)
     if B * T * D == 0:
         return y
+    x = x if x.stride(2) == 1 else x.contiguous()  # strided channels: one coalescing copy
     mode, cu, pos, n_cu, steps = doc_source(x, offsets, doc_pos)
     has_halo = halo is not None and W > 1
     h = halo.contiguous() if has_halo else x

@@ -212,14 +212,22 @@ def conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     dx = torch.empty(B, T, D, dtype=x.dtype, device=dev)
     dw = torch.empty(D, W, dtype=weight.dtype, device=dev)
     db = torch.empty(D, dtype=bias.dtype, device=dev) if bias is not None else None
-    dhalo = torch.zeros(B, W - 1, D, dtype=halo.dtype, device=dev) if halo is not None else None
+    has_halo = halo is not None and W > 1
+    if B * T * D == 0 or (halo is not None and not has_halo):
+        dhalo = torch.zeros(B, W - 1, D, dtype=halo.dtype, device=dev) if halo is not None \
+            else None
+    else:  # every slot is written by the kernel
+        dhalo = torch.empty(B, W - 1, D, dtype=halo.dtype, device=dev) if has_halo else None
     if B * T * D == 0:
         dw.zero_()
         if db is not None:
             db.zero_()
         return dx, dw, db, dhalo
+    # channels-last rows are read in place; a view with strided channels is copied once
+    # (coalesced loads of a copy beat strided loads)
+    x = x if x.stride(2) == 1 else x.contiguous()
+    dy = dy if dy.stride(2) == 1 else dy.contiguous()
     mode, cu, pos, n_cu, steps = doc_source(x, offsets, doc_pos)
-    has_halo = halo is not None and W > 1
     h = halo.contiguous() if has_halo else x
     b = bias.contiguous() if bias is not None else x
     WP = triton.next_power_of_2(W + 1)
