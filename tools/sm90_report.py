@@ -7,7 +7,10 @@ with its wheel. Use the GPU machine's Triton for figures that match it::
     python -m pip install --no-deps --target /tmp/t36 triton==3.6.0
     PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py
 
-prints the WY kernel (inverting and applying) at bf16, K=V=128 (the example); from Python,
+prints the WY kernel (inverting and applying) at bf16, K=V=128 (the example);
+``... tools/sm90_report.py conv`` the causal conv1d kernels (bf16, width 4, SiLU, the
+three document sources, the pinned tiles; unit channel strides as the JIT sees
+them); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any kernel.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
 int argument written ``"i32:16"`` as a multiple of 16 (the JIT specialises
@@ -69,7 +72,45 @@ def report(fn, types: list[str], constexprs: dict, num_warps: int = 4, num_stage
     return out
 
 
+def conv_reports() -> None:
+    """The conv1d kernels as :func:`gdn_core.ops.conv1d.conv1d_fwd` and
+    :func:`gdn_core.ops.conv1d_bwd.conv1d_bwd` launch them (bf16, W = 4, SiLU, no bias)."""
+    from gdn_core.ops.conv1d import CONV_BLOCK_D, CONV_FWD_BLOCK_T, _conv1d_fwd_kernel
+    from gdn_core.ops.conv1d_bwd import (
+        _REDUCE_COLS,
+        _REDUCE_ROWS,
+        CONV_BWD_BLOCK_T,
+        CONV_BWD_TOKEN_BLOCK,
+        _conv1d_bwd_kernel,
+        _conv1d_partials_sum_kernel,
+    )
+
+    ptr = "*bf16"
+    for mode, halo in ((0, False), (1, False), (2, True)):  # rows / cu_seqlens / doc_pos+halo
+        print(f"MODE={mode} HAS_HALO={halo}")
+        # x, halo, w, bias, y, cu, pos, T, D, n_cu, steps, sxb, sxt, swd
+        report(_conv1d_fwd_kernel, [ptr] * 5 + ["*i32", "*i32", "i32:16", "i32:16", "i32",
+                                                "i32", "i32:16", "i32:16", "i32"],
+               dict(sxd=1, sww=1, W=4, ACT=1, HAS_BIAS=False, HAS_HALO=halo, MODE=mode,
+                    BT=CONV_FWD_BLOCK_T, BD=CONV_BLOCK_D))
+        # x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_cu, steps, sxb, sxt,
+        # syb, syt, swd
+        report(_conv1d_bwd_kernel, [ptr] * 7 + ["*fp32", "*i32", "*i32", "i32:16", "i32:16",
+                                                "i32", "i32", "i32:16", "i32:16", "i32:16",
+                                                "i32:16", "i32"],
+               dict(sxd=1, syd=1, sww=1, W=4, WP=8, ACT=1, HAS_BIAS=False, HAS_HALO=halo,
+                    MODE=mode, BT=CONV_BWD_BLOCK_T, BD=CONV_BLOCK_D,
+                    SUB=CONV_BWD_TOKEN_BLOCK // CONV_BWD_BLOCK_T))
+    report(_conv1d_partials_sum_kernel, ["*fp32", ptr, ptr, "i32", "i32:16", "i32"],
+           dict(sww=1, W=4, WP=8, HAS_BIAS=True, BR=_REDUCE_ROWS, BM=_REDUCE_COLS))
+
+
 if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["conv"]:
+        conv_reports()
+        sys.exit(0)
     from gdn_core.ops.wy import _wy_kernel, wy_config
 
     cfg = wy_config(128, 128)
