@@ -114,11 +114,11 @@ def _conv1d_fwd_kernel(x, halo, w, bias, y, cu, pos, T, D, n_cu, steps, sxb, sxt
 def doc_source(x: torch.Tensor, offsets: list[int] | None, doc_pos: torch.Tensor | None
                ) -> tuple[int, torch.Tensor, torch.Tensor, int, int]:
     """``(MODE, cu table, doc_pos, n_cu, steps)`` for the kernels (see the module
-    docstring). ``offsets``: validated host offsets (or ``None``); at most one
-    document with tokens needs no table."""
+    docstring). ``offsets``: validated host offsets (or ``None``); one document
+    needs no table."""
     if doc_pos is not None:
         return 2, doc_pos, doc_pos, 0, 0
-    if offsets is None or sum(1 for a, b in zip(offsets[:-1], offsets[1:]) if b > a) <= 1:
+    if offsets is None or len(offsets) <= 2:
         return 0, x, x, 0, 0
     from gdn_core.hostcache import device_int_tables
 
