@@ -12,6 +12,7 @@ bases of their saved sets, workspaces and gradients.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -44,9 +45,10 @@ class TrainSaved(TypedSaved):
     """Base of a training package's saved set: the core :class:`GDNSaved` (made
     in this class's mode) and, with the in-kernel gate, its :class:`GateSaved`."""
 
-    __slots__ = ("core", "gate")
+    __slots__ = ("core", "gate", "_versions")
 
-    def __init__(self, core: GDNSaved, gate: GateSaved | None = None) -> None:
+    def __init__(self, core: GDNSaved, gate: GateSaved | None = None,
+                 inputs: dict[str, torch.Tensor | None] | None = None) -> None:
         if type(self).deterministic is None:
             raise TypeError(f"{type(self).__qualname__} has no mode; subclass it")
         if core.deterministic != self.deterministic:
@@ -56,6 +58,24 @@ class TrainSaved(TypedSaved):
             )
         self.core = core
         self.gate = gate
+        # the forward's inputs (weakly: the saved set holds what the backward reads) and
+        # their version counters, for check_unmodified
+        self._versions = tuple((name, weakref.ref(t), t._version)
+                               for name, t in (inputs or {}).items() if t is not None)
+
+    def check_unmodified(self, forward: str = "the forward") -> None:
+        """Raise ``ValueError`` if an input of the forward that made this saved set was
+        modified in place since (its version counter moved, as autograd checks): the
+        backward would compute the gradients of other values. An input freed since
+        cannot be checked (and cannot be modified any more)."""
+        for name, ref, version in self._versions:
+            t = ref()
+            if t is not None and t._version != version:
+                raise ValueError(
+                    f"{name} was modified in place after {forward} (its version counter "
+                    f"went from {version} to {t._version}): the saved set no longer matches "
+                    f"it, so the backward refuses it, as autograd does; run the forward again "
+                    f"or modify a copy")
 
     @property
     def shapes(self) -> GDNShapes:
