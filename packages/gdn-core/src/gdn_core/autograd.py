@@ -24,7 +24,7 @@ from gdn_core.custom_ops import register_handle
 from gdn_core.plan import make_plan, resolve_backend
 from gdn_core.saved import GateSaved, GDNSaved
 from gdn_core.typed import TypedSaved, TypedWorkspace
-from gdn_core.validation import GDNShapes
+from gdn_core.validation import GDNShapes, check_bool, check_input_values
 
 __all__ = [
     "GateSaved",
@@ -301,18 +301,25 @@ def chunk_gdn_autograd(
     workspace: TrainWorkspace | None = None,
     backend: str | None = None,
     segment_size: int | None = None,
+    check_inputs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Differentiable gated GDN: ``(o [B,T,HV,V], final_state [N,HV,K,V] fp32 or None)``.
 
     Validates everything (including ``workspace``'s fit) before computing; the
     backward reuses ``workspace`` if given. ``segment_size``: see
-    :mod:`gdn_core.segment` (``None``: the default).
+    :mod:`gdn_core.segment` (``None``: the default). ``check_inputs=True``: the
+    values too (:func:`gdn_core.validation.check_input_values`, one host sync).
     """
     plan = make_plan(q, k, v, g, beta, deterministic=deterministic, scale=scale,
                      initial_state=initial_state, output_final_state=output_final_state,
                      cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
                      backend=backend, segment_size=segment_size)
+    if check_bool("check_inputs", check_inputs):
+        msg = check_input_values(g, beta, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                                 dt_bias=dt_bias)
+        if msg is not None:
+            raise ValueError(msg)
     if workspace is not None:
         workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
     o, final = ChunkGDNFunction.apply(plan, workspace, q, k, v, g, beta, initial_state, A_log,
