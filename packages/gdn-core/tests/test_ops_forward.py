@@ -104,6 +104,24 @@ def test_chunk_cumsum(HV, dtype):
     _check("dg", dg, g_leaf.grad, 1e-6)
 
 
+def test_chunk_cumsum_reads_minus_inf_as_the_floor():
+    """``g = -inf`` (a full reset) reads as ``MIN_LOG_DECAY`` in the kernel and the
+    reference alike (no ``-inf - -inf`` NaN downstream); NaN stays NaN; the reverse
+    cumsum (a gradient) is not clamped."""
+    from gdn_core.chunking import MIN_LOG_DECAY
+
+    index = ChunkIndex.build([0, 5, 70], "cpu")
+    g = -torch.rand(70, 2, generator=torch.Generator().manual_seed(2))
+    g[3, 0], g[10, 1], g[11, 1], g[40, 0] = float("-inf"), float("-inf"), -500.0, float("nan")
+    G, G_ref = chunk_cumsum_fwd(g, index), R.chunk_cumsum_ref(g, _bounds([0, 5, 70]))
+    floor = g.clamp_min(MIN_LOG_DECAY)
+    assert torch.isfinite(G[:40]).all() and torch.isnan(G[40:64, 0]).all()
+    torch.testing.assert_close(G, G_ref, equal_nan=True, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(G[:5], floor[:5].cumsum(0))
+    big = torch.full((70, 2), -1e4)
+    assert torch.equal(chunk_cumsum_rev(big, index)[5], big[5:69].sum(0))
+
+
 # ---------------------------------------------------------------- l2norm ---
 
 

@@ -58,3 +58,11 @@ def test_simulated_calls_are_held_to_the_declaration():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
 def test_cuda_without_cuda_is_a_valueerror():
     checks.check_cuda_refused(kcp)
+
+
+def test_undeclared_calls_are_agreed_on_at_the_first_call(outcomes):
+    checks.check_undeclared_calls(outcomes)
+
+
+def test_check_inputs():
+    checks.check_inputs_checked(kcp)

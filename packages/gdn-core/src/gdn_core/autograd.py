@@ -12,6 +12,7 @@ bases of their saved sets, workspaces and gradients.
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,7 +24,7 @@ from gdn_core.custom_ops import register_handle
 from gdn_core.plan import make_plan, resolve_backend
 from gdn_core.saved import GateSaved, GDNSaved
 from gdn_core.typed import TypedSaved, TypedWorkspace
-from gdn_core.validation import GDNShapes
+from gdn_core.validation import GDNShapes, check_bool, check_input_values
 
 __all__ = [
     "GateSaved",
@@ -44,9 +45,10 @@ class TrainSaved(TypedSaved):
     """Base of a training package's saved set: the core :class:`GDNSaved` (made
     in this class's mode) and, with the in-kernel gate, its :class:`GateSaved`."""
 
-    __slots__ = ("core", "gate")
+    __slots__ = ("core", "gate", "_versions")
 
-    def __init__(self, core: GDNSaved, gate: GateSaved | None = None) -> None:
+    def __init__(self, core: GDNSaved, gate: GateSaved | None = None,
+                 inputs: dict[str, torch.Tensor | None] | None = None) -> None:
         if type(self).deterministic is None:
             raise TypeError(f"{type(self).__qualname__} has no mode; subclass it")
         if core.deterministic != self.deterministic:
@@ -56,6 +58,24 @@ class TrainSaved(TypedSaved):
             )
         self.core = core
         self.gate = gate
+        # the forward's inputs (weakly: the saved set holds what the backward reads) and
+        # their version counters, for check_unmodified
+        self._versions = tuple((name, weakref.ref(t), t._version)
+                               for name, t in (inputs or {}).items() if t is not None)
+
+    def check_unmodified(self, forward: str = "the forward") -> None:
+        """Raise ``ValueError`` if an input of the forward that made this saved set was
+        modified in place since (its version counter moved, as autograd checks): the
+        backward would compute the gradients of other values. An input freed since
+        cannot be checked (and cannot be modified any more)."""
+        for name, ref, version in self._versions:
+            t = ref()
+            if t is not None and t._version != version:
+                raise ValueError(
+                    f"{name} was modified in place after {forward} (its version counter "
+                    f"went from {version} to {t._version}): the saved set no longer matches "
+                    f"it, so the backward refuses it, as autograd does; run the forward again "
+                    f"or modify a copy")
 
     @property
     def shapes(self) -> GDNShapes:
@@ -281,18 +301,25 @@ def chunk_gdn_autograd(
     workspace: TrainWorkspace | None = None,
     backend: str | None = None,
     segment_size: int | None = None,
+    check_inputs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Differentiable gated GDN: ``(o [B,T,HV,V], final_state [N,HV,K,V] fp32 or None)``.
 
     Validates everything (including ``workspace``'s fit) before computing; the
     backward reuses ``workspace`` if given. ``segment_size``: see
-    :mod:`gdn_core.segment` (``None``: the default).
+    :mod:`gdn_core.segment` (``None``: the default). ``check_inputs=True``: the
+    values too (:func:`gdn_core.validation.check_input_values`, one host sync).
     """
     plan = make_plan(q, k, v, g, beta, deterministic=deterministic, scale=scale,
                      initial_state=initial_state, output_final_state=output_final_state,
                      cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
                      backend=backend, segment_size=segment_size)
+    if check_bool("check_inputs", check_inputs):
+        msg = check_input_values(g, beta, use_gate_in_kernel=use_gate_in_kernel, A_log=A_log,
+                                 dt_bias=dt_bias)
+        if msg is not None:
+            raise ValueError(msg)
     if workspace is not None:
         workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
     o, final = ChunkGDNFunction.apply(plan, workspace, q, k, v, g, beta, initial_state, A_log,

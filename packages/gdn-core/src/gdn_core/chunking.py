@@ -9,6 +9,7 @@ document may be short. The kernels address chunks through a :class:`ChunkIndex`.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,15 +27,40 @@ CHUNK_SIZE = 64
 #: 9.52 / 8.07 / 7.92. Documents up to 4096 tokens take no summary pass at all.
 DEFAULT_SEGMENT_SIZE = 4096
 
+#: The log-decay every kernel reads for a ``g`` below it, ``-inf`` (a full reset) included:
+#: any span of the within-chunk cumulative sum ``G`` that holds such a token sums to at
+#: most this (every ``g <= 0``), and ``exp`` of it is exactly 0 in fp32 (the smallest
+#: subnormal is ``exp(-103.28)``), so the state before the token is forgotten exactly and
+#: no ``exp(-inf - (-inf))`` makes a NaN. A finite value: ``G`` keeps ``~1e-5`` absolute
+#: precision after one reset in a chunk (``m`` resets in a chunk: ``m * 1e-5``). NaN is
+#: kept (it stays in its document).
+MIN_LOG_DECAY = -104.0
+
 __all__ = [
     "CHUNK_SIZE",
+    "MIN_LOG_DECAY",
     "DEFAULT_SEGMENT_SIZE",
     "ChunkIndex",
     "chunk_host_tables",
     "chunk_index",
     "document_bounds",
     "host_offsets",
+    "require_int_entries",
 ]
+
+
+def require_int_entries(offsets: Sequence) -> None:
+    """Raise ``TypeError`` for an entry of a list ``cu_seqlens`` that is not an int
+    (a float such as ``3.7``, or even ``3.0``, would otherwise be truncated
+    silently; a bool is not an offset either)."""
+    for i, x in enumerate(offsets):
+        try:
+            if isinstance(x, bool):
+                raise TypeError
+            operator.index(x)
+        except TypeError:
+            raise TypeError(f"cu_seqlens entries must be ints, but cu_seqlens[{i}] is "
+                            f"{x!r} ({type(x).__name__})") from None
 
 
 def host_offsets(cu_seqlens: torch.Tensor | list[int] | None, B: int, T: int) -> list[int]:

@@ -37,7 +37,7 @@ from gdn_core.segment import (
     segment_fwd_finish,
     segment_fwd_fold,
 )
-from gdn_core.validation import GDNShapes
+from gdn_core.validation import GDNShapes, check_bool, check_input_values
 
 __all__ = ["GDNGrads", "GDNSaved", "bwd", "chunk_gdn_bwd", "chunk_gdn_fwd", "fwd",
            "resolve_backend"]
@@ -120,6 +120,7 @@ def chunk_gdn_fwd(
     index: ChunkIndex | None = None,
     segment_size: int | None = None,
     shapes: GDNShapes | None = None,
+    check_inputs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved]:
     """Chunked GDN forward, validated: :func:`~gdn_core.plan.make_plan` then :func:`fwd`.
 
@@ -133,13 +134,20 @@ def chunk_gdn_fwd(
 
     Returns ``(o [B,T,HV,V] in v's dtype, final_state [N,HV,K,V] fp32 or None,
     saved)``. Raises ``TypeError``/``ValueError`` for bad input (see
-    :func:`gdn_core.validation.validate_gdn_inputs`).
+    :func:`gdn_core.validation.validate_gdn_inputs`); with ``check_inputs=True``
+    (one host synchronisation) ``ValueError`` for ``g > 0`` or NaN and ``beta``
+    outside ``[0, 1]`` (:func:`gdn_core.validation.check_input_values`).
+    ``g = -inf`` is a full reset (:data:`gdn_core.chunking.MIN_LOG_DECAY`).
     """
     del shapes
     plan = make_plan(q, k, v, g, beta, deterministic=deterministic, scale=scale,
                      initial_state=initial_state, output_final_state=output_final_state,
                      cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                      backend=backend, segment_size=segment_size, index=index)
+    if check_bool("check_inputs", check_inputs):
+        msg = check_input_values(g, beta)
+        if msg is not None:
+            raise ValueError(msg)
     o, final, saved, _ = fwd(plan, q, k, v, g, beta, initial_state)
     return o, final, saved
 

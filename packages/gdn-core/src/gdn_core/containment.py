@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["NON_FINITE", "assert_other_documents_equal", "check_conv_containment", "plant"]
+__all__ = ["GDN_INPUTS", "NON_FINITE", "assert_other_documents_equal", "check_conv_containment",
+           "check_gdn_containment", "plant"]
 
 NON_FINITE = (float("nan"), float("inf"), float("-inf"))
 
@@ -61,3 +62,39 @@ def check_conv_containment(conv: Callable, offsets: Sequence[int], where: str, v
     y, dx = _conv_y_dx(conv, x, w, b, dy)
     assert_other_documents_equal(y, y0, offsets, doc, "y")
     assert_other_documents_equal(dx, dx0, offsets, doc, "dx")
+
+
+GDN_INPUTS = ("q", "k", "v", "g", "beta")
+
+
+def _gdn_outputs(gdn: Callable, ins: dict, do: torch.Tensor) -> dict:
+    leaves = {n: t.clone().requires_grad_() for n, t in ins.items()}
+    o = gdn(*(leaves[n] for n in GDN_INPUTS))
+    o.backward(do)
+    return {"o": o.detach(), **{"d" + n: leaves[n].grad for n in GDN_INPUTS}}
+
+
+def check_gdn_containment(gdn: Callable, offsets: Sequence[int], doc: int, value: float,
+                          wheres: Sequence[str] = (*GDN_INPUTS, "do"), *, H: int = 1,
+                          HV: int = 2, K: int = 16, V: int = 16, seed: int = 0) -> None:
+    """Plant ``value`` in document ``doc`` of one GDN input at a time (``wheres``:
+    ``"q"``, ``"k"``, ``"v"``, ``"g"``, ``"beta"``) or of the output gradient
+    (``"do"``) of ``gdn(q, k, v, g, beta) -> o`` (packed ``[1, T, ...]`` over
+    ``offsets``, differentiable): every other document's ``o`` and input gradients
+    must be those of one clean run, bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    T = offsets[-1]
+    ins = {"q": torch.randn(1, T, H, K, generator=gen),
+           "k": torch.nn.functional.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1),
+           "v": torch.randn(1, T, HV, V, generator=gen),
+           "g": -torch.rand(1, T, HV, generator=gen),
+           "beta": torch.rand(1, T, HV, generator=gen)}
+    do = torch.randn(1, T, HV, V, generator=gen)
+    clean = _gdn_outputs(gdn, ins, do)
+    for where in wheres:
+        bad_do = plant(do, offsets, doc, value) if where == "do" else do
+        bad = {n: plant(t, offsets, doc, value) if n == where else t for n, t in ins.items()}
+        got = _gdn_outputs(gdn, bad, bad_do)
+        for name, t in got.items():
+            assert_other_documents_equal(t, clean[name], offsets, doc, f"{name} ({value} in "
+                                         f"{where})")

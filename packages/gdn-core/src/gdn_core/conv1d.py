@@ -37,12 +37,11 @@ check their arguments alike.
 
 from __future__ import annotations
 
-import operator
 import os
 
 import torch
 
-from gdn_core.chunking import host_offsets
+from gdn_core.chunking import host_offsets, require_int_entries
 from gdn_core.gate import sum_partials_in_order, token_block_partials
 
 __all__ = [
@@ -65,19 +64,6 @@ def _require_float_tensor(name: str, x: object) -> torch.Tensor:
         names = ", ".join(str(d).removeprefix("torch.") for d in _FLOATS)
         raise TypeError(f"{name} has dtype {x.dtype}; expected one of {names}")
     return x
-
-
-def _require_int_entries(offsets: list | tuple) -> None:
-    """Raise ``TypeError`` for an entry of a list ``cu_seqlens`` that is not an int
-    (a float such as ``3.7`` would otherwise be truncated silently)."""
-    for i, x in enumerate(offsets):
-        try:
-            if isinstance(x, bool):
-                raise TypeError
-            operator.index(x)
-        except TypeError:
-            raise TypeError(f"cu_seqlens entries must be ints, but cu_seqlens[{i}] is "
-                            f"{x!r} ({type(x).__name__})") from None
 
 
 def validate_conv1d_inputs(
@@ -131,7 +117,7 @@ def validate_conv1d_inputs(
         if cu_seqlens.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
     elif isinstance(cu_seqlens, (list, tuple)):
-        _require_int_entries(cu_seqlens)
+        require_int_entries(cu_seqlens)
     else:
         raise TypeError(
             f"cu_seqlens must be a tensor, a list of ints or None, got {type(cu_seqlens).__name__}"

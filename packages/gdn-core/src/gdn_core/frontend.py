@@ -29,6 +29,7 @@ from gdn_core.layout import VarlenLayout
 from gdn_core.plan import make_plan
 from gdn_core.train_ops import TrainOps, define_train_ops, layout_segment_size, op_plan
 from gdn_core.typed import mode_name, require_instance
+from gdn_core.validation import check_bool, check_input_values
 
 __all__ = ["SingleRankAPI"]
 
@@ -52,15 +53,24 @@ _AUTOGRAD_DOC = """{summary}
 
     {segments}
 
+    Values are not read (no device synchronisation): ``g = -inf`` is a full
+    reset (the state before the token is forgotten; finite results), ``g > 0``
+    (a growing state) is undefined (it overflows to inf/NaN), ``beta`` outside
+    ``[0, 1]`` is computed as the formula says. ``check_inputs=True`` (one host
+    synchronisation; debugging) raises ``ValueError`` naming the first value
+    of ``g > 0`` or NaN (with ``use_gate_in_kernel``: a NaN raw gate input, a
+    non-finite ``A_log`` / ``dt_bias``), or of ``beta`` outside ``[0, 1]``.
+
     Traced by ``torch.compile(fullgraph=True)`` without a graph break: it runs
     the custom op ``torch.ops.{ns}.chunk_gated_delta_rule`` (see
-    :mod:`gdn_core.train_ops`).
+    :mod:`gdn_core.train_ops`; ``check_inputs=True`` reads values, so not there).
     """
 
 _FWD_DOC = """Forward of the split API: ``(o, final_state, saved)``.
 
-    Same arguments as :func:`{autograd}`; no autograd graph is
-    recorded. Pass ``saved`` to :func:`{bwd}`.
+    Same arguments as :func:`{autograd}` (``check_inputs`` included); no
+    autograd graph is recorded. Pass ``saved`` to :func:`{bwd}`, and leave the
+    inputs unmodified until then (it refuses inputs modified in place).
     """
 
 _BWD_DOC = """Backward of the split API.
@@ -71,7 +81,9 @@ _BWD_DOC = """Backward of the split API.
 
     Raises ``ValueError`` — before touching any tensor — if ``saved`` is not a
     ``{saved}`` or ``workspace`` not a ``{workspace}`` (e.g. made by
-    ``{other}``), or the workspace is too small or on another device.
+    ``{other}``), or the workspace is too small or on another device, and (as
+    autograd does) if an input of the forward was modified in place since
+    (its version counter moved; the message names it).
     """
 
 _CONV_DOC = """{summary}
@@ -83,6 +95,15 @@ _CONV_DOC = """{summary}
     :mod:`gdn_core.layout`). Returns ``y: [B,T,D]`` in ``x``'s dtype. The weight and bias
     gradients (sums over all tokens) {reduction}.
     """
+
+
+def _check_values(g: Tensor, beta: Tensor, gate: bool, A_log: Tensor | None,
+                  dt_bias: Tensor | None) -> None:
+    """``check_inputs=True``: ``ValueError`` for a value outside the domain
+    (:func:`gdn_core.validation.check_input_values`; one host synchronisation)."""
+    msg = check_input_values(g, beta, use_gate_in_kernel=gate, A_log=A_log, dt_bias=dt_bias)
+    if msg is not None:
+        raise ValueError(msg)
 
 
 def _named(fn: F, module: str, name: str, doc: str) -> F:
@@ -140,6 +161,7 @@ class SingleRankAPI:
             use_qk_l2norm_in_kernel: bool = False, *, use_gate_in_kernel: bool = False,
             A_log: Tensor | None = None, dt_bias: Tensor | None = None,
             workspace: TrainWorkspace | None = None, segment_size: int | None = None,
+            check_inputs: bool = False,
         ) -> tuple[Tensor, Tensor | None]:
             layout = ws = lay_obj = None
             if workspace is not None:
@@ -165,6 +187,8 @@ class SingleRankAPI:
                     workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
             elif isinstance(cu_seqlens, (list, tuple)):
                 cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
+            if check_bool("check_inputs", check_inputs):
+                _check_values(g, beta, use_gate_in_kernel, A_log, dt_bias)
             o, final, *_ = op(
                 q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, layout, ws,
                 None if scale is None else float(scale), bool(output_final_state),
@@ -190,17 +214,21 @@ class SingleRankAPI:
             output_final_state: bool = False, cu_seqlens: Tensor | list[int] | None = None,
             use_qk_l2norm_in_kernel: bool = False, *, use_gate_in_kernel: bool = False,
             A_log: Tensor | None = None, dt_bias: Tensor | None = None,
-            segment_size: int | None = None,
+            segment_size: int | None = None, check_inputs: bool = False,
         ) -> tuple[Tensor, Tensor | None, TrainSaved]:
             plan = make_plan(q, k, v, g, beta, deterministic=det, scale=scale,
                              initial_state=initial_state, output_final_state=output_final_state,
                              cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                              use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
                              segment_size=segment_size)
+            if check_bool("check_inputs", check_inputs):
+                _check_values(g, beta, use_gate_in_kernel, A_log, dt_bias)
             with torch.no_grad():
                 o, final, core, gate = compose.fwd(plan, q, k, v, g, beta, initial_state, A_log,
                                                    dt_bias)
-            return o, final, saved_cls(core, gate)
+            inputs = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state,
+                          A_log=A_log, dt_bias=dt_bias)
+            return o, final, saved_cls(core, gate, inputs)
 
         self.fwd = _named(fwd, self.module, name, doc)
         return self.fwd
@@ -211,10 +239,12 @@ class SingleRankAPI:
         doc = _BWD_DOC.format(saved=self.saved_cls.__name__, fwd=fwd,
                               workspace=self.workspace_cls.__name__, other=other)
         saved_cls, ws_cls, grads_cls = self.saved_cls, self.workspace_cls, self.grads_cls
+        fwd_name = fwd
 
         def bwd(saved: TrainSaved, do: Tensor, dht: Tensor | None = None,
                 workspace: TrainWorkspace | None = None) -> TrainGrads:
             require_instance(saved, saved_cls, "saved")
+            saved.check_unmodified(fwd_name)
             core, core_ws = saved.core, None
             if workspace is not None:
                 require_instance(workspace, ws_cls, "workspace")

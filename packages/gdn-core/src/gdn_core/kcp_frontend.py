@@ -19,6 +19,8 @@ import torch
 from gdn_core.chunking import CHUNK_SIZE
 from gdn_core.custom_ops import register_handle
 from gdn_core.kcp.compose import (
+    check_forward_call,
+    check_forward_world,
     kcp_backward,
     kcp_backward_simulated,
     kcp_forward,
@@ -95,7 +97,16 @@ _DOCS = {
     predecessors) or ``"ring"`` (the fold carried rank to rank by
     point-to-point sends){same_bits}. ``backend``: as
     :func:`gdn_core.resolve_backend` (default: triton on CUDA, reference on
-    CPU). All checks run before any communication.
+    CPU). All checks run before any communication. The first call of a
+    signature (heads, head dimensions, dtype, exchange, L2 norm) on a context
+    all-gathers it once (:mod:`gdn_core.kcp.agree`): ranks that differ raise
+    the same ``ValueError``, where they would otherwise abort or deadlock in
+    the exchange; later calls of an agreed signature cost nothing.
+    ``check_inputs=True`` (debugging: one host synchronisation and one small
+    all-gather per call) raises ``ValueError`` on every rank when a rank's
+    ``g`` holds a value ``> 0`` or NaN, or its ``beta`` one outside
+    ``[0, 1]`` (its own message on that rank, naming the index and value);
+    ``g = -inf`` is a full reset, never refused. Values are not read without it.
     """,
     "bwd": """This rank's {mode_}KCP backward → :class:`{grads}`.
 
@@ -106,7 +117,8 @@ _DOCS = {
     """,
     "autograd": """Differentiable {mode_}KCP GDN on this rank's shard → ``o [1,T,HV,V]``.
 
-    Gradients flow to q, k, v, g and beta. The backward contains collectives:
+    Arguments and checks (``check_inputs`` included) as in the forward of the
+    split API. Gradients flow to q, k, v, g and beta. The backward contains collectives:
     every rank's ``o`` must take part in the loss (or be backpropagated
     through) so that all ranks run it.
     """,
@@ -273,11 +285,12 @@ class KCPAPI:
 
         def fn(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, context: Any, *,
                scale: float | None = None, use_qk_l2norm_in_kernel: bool = False,
-               exchange: str = "allgather", backend: str | None = None) -> tuple[Tensor, Any]:
+               exchange: str = "allgather", backend: str | None = None,
+               check_inputs: bool = False) -> tuple[Tensor, Any]:
             return kcp_forward(q, k, v, g, beta, context, deterministic=det,
                                context_cls=context_cls, saved_cls=saved_cls, scale=scale,
                                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                               exchange=exchange, backend=backend)
+                               exchange=exchange, backend=backend, check_inputs=check_inputs)
 
         return fn
 
@@ -290,12 +303,19 @@ class KCPAPI:
         return fn
 
     def _make_autograd(self) -> Callable[..., Tensor]:
-        ops = self.ops
+        ops, det, context_cls, saved_cls = (self.ops, self.deterministic, self.context_cls,
+                                            self.saved_cls)
 
         def fn(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, *, context: Any,
                scale: float | None = None, use_qk_l2norm_in_kernel: bool = False,
                exchange: str = "allgather", backend: str | None = None,
-               workspace: Any = None) -> Tensor:
+               workspace: Any = None, check_inputs: bool = False) -> Tensor:
+            if check_inputs is not False:  # the op's forward checks everything else
+                check_forward_call(q, k, v, g, beta, context, deterministic=det,
+                                   context_cls=context_cls, saved_cls=saved_cls, scale=scale,
+                                   use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                   exchange=exchange, backend=backend,
+                                   check_inputs=check_inputs)
             return ops.chunk_gated_delta_rule(q, k, v, g, beta, context, scale=scale,
                                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                                               exchange=exchange, backend=backend,
@@ -307,12 +327,13 @@ class KCPAPI:
         det, context_cls, saved_cls = self.deterministic, self.context_cls, self.saved_cls
 
         def fn(qs, ks, vs, gs, betas, contexts, *, scale=None, use_qk_l2norm_in_kernel=False,
-               exchange="allgather", backend=None):
+               exchange="allgather", backend=None, check_inputs=False):
             return kcp_forward_simulated(qs, ks, vs, gs, betas, contexts, deterministic=det,
                                          context_cls=context_cls, saved_cls=saved_cls,
                                          scale=scale,
                                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                                         exchange=exchange, backend=backend)
+                                         exchange=exchange, backend=backend,
+                                         check_inputs=check_inputs)
 
         return fn
 
@@ -325,10 +346,17 @@ class KCPAPI:
         return fn
 
     def _make_autograd_simulated(self) -> Callable[..., list[Tensor]]:
-        ops = self.ops
+        ops, det, context_cls, saved_cls = (self.ops, self.deterministic, self.context_cls,
+                                            self.saved_cls)
 
         def fn(qs, ks, vs, gs, betas, *, contexts, scale=None, use_qk_l2norm_in_kernel=False,
-               exchange="allgather", backend=None) -> list[Tensor]:
+               exchange="allgather", backend=None, check_inputs=False) -> list[Tensor]:
+            if check_inputs is not False:
+                check_forward_world(qs, ks, vs, gs, betas, contexts, deterministic=det,
+                                    context_cls=context_cls, saved_cls=saved_cls, scale=scale,
+                                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                                    exchange=exchange, backend=backend,
+                                    check_inputs=check_inputs)
             return ops.chunk_gated_delta_rule_simulated(
                 qs, ks, vs, gs, betas, contexts, scale=scale,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,

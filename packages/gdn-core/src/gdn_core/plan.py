@@ -159,13 +159,13 @@ def make_plan(
         if not isinstance(flag, bool):  # "no" would switch the option on
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
     env = os.environ
-    if cu_seqlens is None:
-        offsets = None
-    elif isinstance(cu_seqlens, torch.Tensor):  # the dtype and rank are checked too
-        offsets = (cu_seqlens.dtype in _INT_DTYPES, cu_seqlens.dim(), tuple(cu_seqlens.tolist()))
-    else:
-        offsets = (True, 1, tuple(cu_seqlens))
+    offsets = None
     try:
+        if isinstance(cu_seqlens, torch.Tensor):  # the dtype, rank and device count too
+            offsets = (cu_seqlens.dtype in _INT_DTYPES, cu_seqlens.dim(), cu_seqlens.device,
+                       tuple(cu_seqlens.tolist()))
+        elif cu_seqlens is not None:  # the entries' types too: [0, 3.0, 8] is not [0, 3, 8]
+            offsets = (True, 1, tuple(cu_seqlens), tuple(map(type, cu_seqlens)))
         key = (
             q.shape, q.dtype, q.device, k.shape, k.dtype, k.device, v.shape, v.dtype, v.device,
             g.shape, g.dtype, g.device, beta.shape, beta.dtype, beta.device,
@@ -179,7 +179,8 @@ def make_plan(
             env.get("GDN_CORE_BACKEND"), env.get("TRITON_INTERPRET"),
         )
         hash(key)
-    except (AttributeError, TypeError):  # not tensors, unhashable offsets: validation says why
+    except (AttributeError, TypeError, NotImplementedError, RuntimeError):
+        # not tensors, unhashable offsets, a meta cu_seqlens: validation says why
         key = None
     if key is not None:
         got = _PLANS.get(key)

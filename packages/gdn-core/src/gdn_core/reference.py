@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_core.chunking import CHUNK_SIZE, document_bounds
+from gdn_core.chunking import CHUNK_SIZE, MIN_LOG_DECAY, document_bounds
 
 __all__ = [
     "naive_recurrent_gdn",
@@ -134,7 +134,11 @@ def _unchunk(x: torch.Tensor, n_tok: int) -> torch.Tensor:
 
 
 def chunk_cumsum_ref(g: torch.Tensor, bounds, chunk_size: int = CHUNK_SIZE) -> torch.Tensor:
-    """Within-chunk inclusive cumulative sum of ``g: [T, HV]`` → ``[T, HV]``."""
+    """Within-chunk inclusive cumulative sum of ``g: [T, HV]`` → ``[T, HV]``.
+
+    ``g`` below :data:`~gdn_core.chunking.MIN_LOG_DECAY` (``-inf``: a full reset) counts
+    as that value, as in the kernels (its gradient there is 0; NaN stays NaN)."""
+    g = g.clamp_min(MIN_LOG_DECAY)
     parts = []
     for bos, eos in bounds:
         if eos > bos:

@@ -48,6 +48,19 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _grad(outs: list, grads: list, wrt: list) -> list:
+    """``torch.autograd.grad(outs, wrt, grads)``, zeros for an input nothing depends on.
+    Outputs outside the graph are left out (``T = 0`` or ``B = 0``: an empty ``o``
+    made without the inputs), and the output gradients are made contiguous: autograd
+    takes other paths for other strides, and the bits must not depend on them."""
+    pairs = [(o, g.contiguous()) for o, g in zip(outs, grads) if o.requires_grad]
+    got = [None] * len(wrt)
+    if pairs:
+        got = torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
+                                  allow_unused=True)
+    return [torch.zeros_like(w) if d is None else d for d, w in zip(got, wrt)]
+
+
 def summaries(st: SegmentForward) -> torch.Tensor:
     """``[nseg, HV, K, V+K]`` summaries ``[E | M]`` of every segment (phase 1)."""
     L = st.layout
@@ -99,9 +112,7 @@ def entry_state_grads(saved: GDNSaved, do, init, D0) -> torch.Tensor:
         if D0 is not None:
             outs.append(fin)
             grads.append(D0.to(fin.dtype))
-        (dh0,) = torch.autograd.grad(outs, [h0], grads, allow_unused=True)
-    if dh0 is None:
-        dh0 = torch.zeros_like(h0)
+        (dh0,) = _grad(outs, grads, [h0])
     return dh0.to(_state_dtype(saved.q.dtype))
 
 
@@ -124,8 +135,7 @@ def backward(saved: GDNSaved, do, dht, init):
             outs.append(final)
             grads.append(dht.to(final.dtype))
         wrt = leaves + ([h0] if h0 is not None else [])
-        got = torch.autograd.grad(outs, wrt, grads, allow_unused=True)
-    got = [torch.zeros_like(w) if d is None else d for d, w in zip(got, wrt)]
+        got = _grad(outs, grads, wrt)
     dq, dk, dv, dg, dbeta = (d.to(x.dtype) for d, x in zip(got[:5], leaves))
     dh0 = got[5].to(_state_dtype(saved.q.dtype)) if h0 is not None else None
     return dq, dk, dv, dg, dbeta, dh0

@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gdn_core.chunking import host_offsets
+from gdn_core.chunking import host_offsets, require_int_entries
 
-__all__ = ["GDNShapes", "validate_gdn_inputs", "MAX_HEAD_DIM", "SUPPORTED_DTYPES"]
+__all__ = ["GDNShapes", "MAX_HEAD_DIM", "SUPPORTED_DTYPES", "check_bool", "check_input_values",
+           "validate_gdn_inputs"]
 
 MAX_HEAD_DIM = 256
 SUPPORTED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -55,12 +56,21 @@ def _check_float(name: str, x: torch.Tensor, allow_float64: bool) -> None:
         raise TypeError(f"{name} has dtype {x.dtype}; expected one of {names}")
 
 
-def _check_cu_seqlens(cu_seqlens: torch.Tensor | list[int], B: int, T: int) -> list[int]:
+def _check_cu_seqlens(cu_seqlens: torch.Tensor | list[int], B: int, T: int,
+                      device: torch.device | None = None) -> list[int]:
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 or int64")
         if cu_seqlens.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
+        if cu_seqlens.device.type != "cpu" and cu_seqlens.device != device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device}; expected the CPU or the "
+                             f"inputs' device {device}")
+    elif isinstance(cu_seqlens, (list, tuple)):
+        require_int_entries(cu_seqlens)
+    else:
+        raise TypeError(f"cu_seqlens must be a tensor, a list of ints or None, got "
+                        f"{type(cu_seqlens).__name__}")
     if B != 1:
         raise ValueError(f"cu_seqlens requires batch size B == 1 (packed documents), got B={B}")
     offs = host_offsets(cu_seqlens, B, T)
@@ -101,9 +111,12 @@ def validate_gdn_inputs(
 
     Raises:
         TypeError: a non-tensor argument, an unsupported dtype, a ``scale`` that is
-            not a number (a bool is not).
+            not a number (a bool is not), a ``cu_seqlens`` list entry that is not an int.
         ValueError: a shape, head-count (``H`` or ``HV`` zero included), ``cu_seqlens``
-            or device mismatch, a non-finite ``scale``.
+            or device mismatch (``cu_seqlens`` on neither the CPU nor the inputs'
+            device, e.g. ``meta``), a non-finite ``scale``.
+
+    A list ``cu_seqlens`` must hold ints (``TypeError`` for ``3.7`` or ``3.0``).
     """
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
         _require_tensor(name, x)
@@ -150,7 +163,7 @@ def validate_gdn_inputs(
             raise ValueError(f"scale must be a finite float or None, got {scale!r}")
 
     if cu_seqlens is not None:
-        offs = _check_cu_seqlens(cu_seqlens, B, T)
+        offs = _check_cu_seqlens(cu_seqlens, B, T, q.device)
     else:
         offs = host_offsets(None, B, T)
     N = len(offs) - 1
@@ -162,3 +175,55 @@ def validate_gdn_inputs(
                 f"sequence), got {tuple(initial_state.shape)}"
             )
     return GDNShapes(B=B, T=T, H=H, HV=HV, K=K, V=V, offsets=tuple(offs))
+
+
+def check_bool(name: str, flag: object) -> bool:
+    """``flag`` if it is a bool, else ``TypeError`` (``"no"`` would switch an option on)."""
+    if not isinstance(flag, bool):
+        raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
+    return flag
+
+
+def _value_at(name: str, x: torch.Tensor, bad: torch.Tensor, rule: str) -> str:
+    idx = tuple(int(i) for i in bad.nonzero()[0])
+    return f"{name} {rule}, got {name}[{', '.join(map(str, idx))}] = {float(x[idx])!r}"
+
+
+def check_input_values(
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    use_gate_in_kernel: bool = False,
+    A_log: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+) -> str | None:
+    """The message of the first value outside the recurrence's domain, or ``None``.
+
+    The opt-in check of the GDN calls' ``check_inputs=True`` (one host
+    synchronisation; off by default, so the hot path never reads a value):
+
+    * ``g`` (the log-decay) must be ``<= 0``: ``g > 0`` (a growing state) and NaN
+      are refused; ``-inf`` is allowed, a full reset
+      (:data:`gdn_core.chunking.MIN_LOG_DECAY`);
+    * with ``use_gate_in_kernel`` ``g`` is the raw gate input (any real number, the
+      decay ``−exp(A_log)·softplus(g + dt_bias)`` is ``<= 0`` by construction): only a
+      NaN is refused there, and a non-finite ``A_log`` / ``dt_bias``;
+    * ``beta`` must lie in ``[0, 1]`` (NaN refused).
+
+    The message names the tensor, the first offending index and its value.
+    """
+    rules: list[tuple[str, torch.Tensor, torch.Tensor, str]] = []
+    if use_gate_in_kernel:
+        rules.append(("g", g, torch.isnan(g), "must not be NaN (the raw gate input)"))
+        for name, t in (("A_log", A_log), ("dt_bias", dt_bias)):
+            if t is not None:
+                rules.append((name, t, ~torch.isfinite(t), "must be finite"))
+    else:
+        rules.append(("g", g, ~(g <= 0),
+                      "must be <= 0 (a log-decay; -inf is a full reset)"))
+    rules.append(("beta", beta, ~((beta >= 0) & (beta <= 1)), "must lie in [0, 1]"))
+    found = torch.stack([bad.any() for _, _, bad, _ in rules]).tolist()  # one sync
+    for hit, (name, x, bad, rule) in zip(found, rules):
+        if hit:
+            return _value_at(name, x, bad, rule)
+    return None

@@ -21,6 +21,18 @@ same table:
 
 A disagreement raises the same ``ValueError`` on every rank, naming each field
 that differs and every rank's value.
+
+What a rank did not declare at the build (``heads``, ``head_dims``, ``dtype``,
+``exchange``) the build cannot know; the **first GDN forward with a given call
+signature** on a context (:func:`call_signature`: ``H, HV, K, V``, the input dtype,
+the exchange, ``use_qk_l2norm_in_kernel``) then all-gathers a second small record
+(:data:`CALL_FIELDS`) before any exchange, and every rank raises the same
+``ValueError`` if they differ. A signature agreed once is remembered by the context:
+the calls of a training step after the first cost no collective. (Not covered: a
+rank repeating an agreed signature while a peer makes a new one — the first skips
+the check its peer waits in.) With ``check_inputs=True`` that record is gathered on
+every call and carries the rank's own value check, so one rank's bad value stops
+every rank.
 """
 
 from __future__ import annotations
@@ -31,7 +43,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["FIELDS", "RunSpec", "agreement_error", "exchange_records", "make_record"]
+__all__ = ["CALL_FIELDS", "FIELDS", "RunSpec", "agreement_error", "call_agreement_error",
+           "call_signature", "exchange_records", "make_call_record", "make_record"]
 
 _FORMAT = 0x47444E4B43500001  # "GDNKCP" + record format 1
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -188,3 +201,43 @@ def agreement_error(records: list[list[int]]) -> str | None:
     if not lines:
         return None
     return "KCP ranks disagree at context build:\n  " + "\n  ".join(lines)
+
+
+_CALL_FORMAT = 0x47444E4B43500101  # "GDNKCP" + call record format 1
+
+CALL_FIELDS = ("format", "local_error", "H", "HV", "K", "V", "dtype", "exchange",
+               "use_qk_l2norm_in_kernel")
+
+
+def call_signature(*, H: int, HV: int, K: int, V: int, dtype: torch.dtype, exchange: str,
+                   l2: bool) -> tuple[int, ...]:
+    """What the ranks' GDN calls must agree on, as ints (``CALL_FIELDS[2:]``)."""
+    return (H, HV, K, V, _code(dtype, _DTYPES), _code(exchange, _EXCHANGES), int(l2))
+
+
+def make_call_record(signature: tuple[int, ...], local_error: bool) -> list[int]:
+    """This rank's record of one call (``len(CALL_FIELDS)`` ints)."""
+    return [_CALL_FORMAT, int(local_error), *signature]
+
+
+def call_agreement_error(records: list[list[int]]) -> str | None:
+    """The message every rank raises for these gathered call records, or ``None``."""
+    size = len(records)
+    col = {f: [r[i] for r in records] for i, f in enumerate(CALL_FIELDS)}
+    if any(v != _CALL_FORMAT for v in col["format"]):
+        return ("KCP GDN call: the ranks are not all in the same call (another collective, "
+                "or another gdn_core version, met this call's agreement check)")
+    failed = [g for g, v in enumerate(col["local_error"]) if v]
+    if failed:
+        return (f"KCP GDN call: check_inputs refused the inputs of ranks {failed} of {size} "
+                f"(see their errors); every rank stops here")
+    lines = []
+    for field in CALL_FIELDS[2:]:
+        vals = col[field]
+        if len(set(vals)) > 1:
+            lines.append(f"{field}: " + ", ".join(f"rank {g}: {_show(field, v)}"
+                                                  for g, v in enumerate(vals)))
+    if not lines:
+        return None
+    return ("KCP ranks disagree on a GDN call (undeclared at context build; checked at the "
+            "first call with these arguments):\n  " + "\n  ".join(lines))

@@ -67,12 +67,37 @@ def _outcome(fn) -> dict:
     return {"error": err, "seconds": time.perf_counter() - t0}
 
 
-def _call(api, sfx: str, ctx, exchange: str) -> None:
+def _call(api, sfx: str, ctx, exchange: str, *, HV: int = 2, dtype=torch.float32,
+          beta_scale: float = 1.0, check_inputs: bool = False, autograd: bool = False) -> None:
     n = ctx.num_tokens
-    q, k = torch.randn(1, n, 1, 16), torch.nn.functional.normalize(torch.randn(1, n, 1, 16), dim=-1)
-    v, g, b = torch.randn(1, n, 2, 16), -torch.rand(1, n, 2), torch.rand(1, n, 2)
-    getattr(api, "chunk_gdn" + ("_det" if sfx == "_det_kcp" else "") + "_fwd_kcp")(
-        q, k, v, g, b, ctx, exchange=exchange)
+    q = torch.randn(1, n, 1, 16, dtype=dtype)
+    k = torch.nn.functional.normalize(torch.randn(1, n, 1, 16, dtype=dtype), dim=-1)
+    v, g = torch.randn(1, n, HV, 16, dtype=dtype), -torch.rand(1, n, HV, dtype=dtype)
+    b = torch.rand(1, n, HV, dtype=dtype) * beta_scale
+    det = "_det" if sfx == "_det_kcp" else ""
+    if autograd:
+        getattr(api, f"chunk_gated_delta_rule{det}_kcp")(
+            q, k, v, g, b, context=ctx, exchange=exchange, check_inputs=check_inputs)
+    else:
+        getattr(api, f"chunk_gdn{det}_fwd_kcp")(q, k, v, g, b, ctx, exchange=exchange,
+                                                check_inputs=check_inputs)
+
+
+def _undeclared_calls(rank: int) -> dict[str, dict[str, Any]]:
+    """Per scenario: this rank's call on a context built without a declaration (rank 1
+    differs from rank 0): the first call of a signature is agreed on by every rank."""
+    one = rank == 1
+    return {
+        "call_heads": {"HV": 4 if one else 2},
+        "call_dtype": {"dtype": torch.float64 if one else torch.float32},
+        "call_exchange": {"exchange": "ring" if one else "allgather"},
+        "call_agreed": {},
+        "call_agreed_again": {},
+        "call_check_inputs": {"beta_scale": 2.0 if one else 1.0, "check_inputs": True},
+        "call_check_inputs_autograd": {"beta_scale": 2.0 if one else 1.0,
+                                       "check_inputs": True, "autograd": True},
+        "call_check_inputs_clean": {"check_inputs": True, "autograd": True},
+    }
 
 
 def run_scenarios(api: Any, rank: int) -> dict:
@@ -88,6 +113,12 @@ def run_scenarios(api: Any, rank: int) -> dict:
     ctx = _build(api, sfx, rank, _variants(rank)["agree"])
     out["call_declared"] = _outcome(lambda: _call(api, sfx, ctx, "ring"))
     out["call_undeclared"] = _outcome(lambda: _call(api, sfx, ctx, "allgather"))
+    free = _build(api, sfx, rank, {})  # nothing declared
+    for name, kw in _undeclared_calls(rank).items():
+        kw = dict(kw)
+        out[name] = _outcome(lambda kw=kw: _call(api, sfx, free, kw.pop("exchange", "allgather"),
+                                                 **kw))
+    out["agreed_calls"] = len(free.agreed_calls)
     dist.barrier()
     return out
 
@@ -126,6 +157,35 @@ def check_calls(outcomes: list[dict]) -> None:
         assert o["call_declared"]["error"] is None, o["call_declared"]
         err = o["call_undeclared"]["error"]
         assert err is not None and err[0] == "ValueError" and "exchange" in err[1], err
+
+
+CALL_DISAGREEMENTS = {"call_heads": "HV: rank 0: 2, rank 1: 4",
+                      "call_dtype": "dtype: rank 0: float32, rank 1: float64",
+                      "call_exchange": "exchange: rank 0: allgather, rank 1: ring"}
+
+
+def check_undeclared_calls(outcomes: list[dict]) -> None:
+    """Without a declaration, the first call of a signature is agreed on: ranks whose
+    heads, dtype or exchange differ raise the same ``ValueError`` within seconds (not a
+    gloo abort or a deadlock); an agreed signature is remembered (one entry, also after
+    its second call and the ``check_inputs`` calls); ``check_inputs`` stops every rank
+    when one rank's ``beta`` is out of range."""
+    for name, word in CALL_DISAGREEMENTS.items():
+        errs = [o[name]["error"] for o in outcomes]
+        assert all(e is not None and e[0] == "ValueError" for e in errs), (name, errs)
+        assert errs[0][1] == errs[1][1] and word in errs[0][1], (name, errs)
+        assert "first call" in errs[0][1], errs
+        assert all(o[name]["seconds"] < MAX_SECONDS for o in outcomes), outcomes
+    for o in outcomes:
+        for name in ("call_agreed", "call_agreed_again", "call_check_inputs_clean"):
+            assert o[name]["error"] is None, (name, o[name])
+        assert o["agreed_calls"] == 1, o["agreed_calls"]
+    for name in ("call_check_inputs", "call_check_inputs_autograd"):
+        mine, peer = outcomes[1][name]["error"], outcomes[0][name]["error"]
+        assert mine is not None and mine[0] == "ValueError", mine
+        assert "beta must lie in [0, 1], got beta[" in mine[1], mine
+        assert peer is not None and peer[0] == "ValueError", peer
+        assert "check_inputs refused the inputs of ranks [1] of 2" in peer[1], peer
 
 
 # ----------------------------------------------------- simulated worlds (in-process) --
@@ -192,3 +252,43 @@ def check_cuda_refused(api: Any) -> None:
         args = (plan, 0) if plan.world_size == 1 else (plan,)
         with pytest.raises(ValueError, match="device='cuda' was given, but CUDA is not"):
             build(*args, device="cuda")
+
+
+def check_inputs_checked(api: Any) -> None:
+    """``check_inputs=True`` on a world of one (every call form) and a simulated world:
+    ``g > 0`` and ``beta`` outside ``[0, 1]`` raise ``ValueError`` naming the value (the
+    simulated world: the rank too); ``g = -inf`` is accepted; unchecked by default."""
+    import pytest
+
+    sfx = _suffix(api)
+    det = "_det" if sfx == "_det_kcp" else ""
+    plan = _fn(api, sfx, "partition{sfx}")([0, 40, 70], 1)
+    ctx = _fn(api, sfx, "build_context{sfx}")(plan, 0)
+    fwd = _fn(api, sfx, "chunk_gdn{det}_fwd_kcp")
+    auto = getattr(api, f"chunk_gated_delta_rule{det}_kcp")
+    gen = torch.Generator().manual_seed(7)
+    q = torch.randn(1, 70, 1, 16, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(1, 70, 1, 16, generator=gen), dim=-1)
+    v, g = torch.randn(1, 70, 2, 16, generator=gen), -torch.rand(1, 70, 2, generator=gen)
+    beta = torch.rand(1, 70, 2, generator=gen)
+    g_reset = g.clone()
+    g_reset[0, 50, 1] = float("-inf")
+    o, _ = fwd(q, k, v, g_reset, beta, ctx, check_inputs=True)
+    assert torch.isfinite(o).all()
+    g_bad = g.clone()
+    g_bad[0, 12, 0] = 0.25
+    fwd(q, k, v, g_bad, beta, ctx)  # not read by default
+    for call in (lambda: fwd(q, k, v, g_bad, beta, ctx, check_inputs=True),
+                 lambda: auto(q, k, v, g_bad, beta, context=ctx, check_inputs=True)):
+        with pytest.raises(ValueError, match=r"g must be <= 0 .* got g\[0, 12, 0\] = 0.25"):
+            call()
+    with pytest.raises(TypeError, match="check_inputs must be a bool"):
+        fwd(q, k, v, g, beta, ctx, check_inputs=1)
+    ctxs, ins = _sim_world(api, sfx, (torch.float32,) * 2, (2, 2))
+    ins[4][1] = ins[4][1] + 1.0  # rank 1's beta in [1, 2)
+    for call in ("chunk_gdn{det}_fwd_kcp_simulated", "chunk_gated_delta_rule{det}_kcp_simulated"):
+        fn = _fn(api, sfx, call)
+        kw = {"contexts": ctxs} if "rule" in call else {}
+        args = ins if "rule" in call else (*ins, ctxs)
+        with pytest.raises(ValueError, match=r"rank 1: beta must lie in \[0, 1\]"):
+            fn(*args, check_inputs=True, **kw)

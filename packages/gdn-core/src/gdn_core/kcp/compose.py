@@ -74,12 +74,18 @@ from typing import Any
 import torch
 
 from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
+from gdn_core.kcp.agree import (
+    call_agreement_error,
+    call_signature,
+    exchange_records,
+    make_call_record,
+)
 from gdn_core.kcp.context import KCPContext, seg_exchange_rows
 from gdn_core.kcp.exchange import AllGather, RingPass, drive, drive_simulated
 from gdn_core.kcp.fold import fold_step
 from gdn_core.kcp.summary import fragment_summary, state_dtype
 from gdn_core.typed import ModeTyped, TypedSaved, TypedWorkspace, require_instance
-from gdn_core.validation import GDNShapes, validate_gdn_inputs
+from gdn_core.validation import GDNShapes, check_bool, check_input_values, validate_gdn_inputs
 
 __all__ = [
     "EXCHANGES",
@@ -87,6 +93,8 @@ __all__ = [
     "KCPSavedBase",
     "KCPWorkspaceBase",
     "kcp_backward",
+    "check_forward_call",
+    "check_forward_world",
     "kcp_backward_simulated",
     "kcp_forward",
     "kcp_forward_simulated",
@@ -362,14 +370,62 @@ def _forward_steps(a: _FwdArgs):
     return o, saved
 
 
-def kcp_forward(q, k, v, g, beta, context, *, deterministic: bool, context_cls: type,
-                saved_cls: type, scale=None, use_qk_l2norm_in_kernel=False,
-                exchange="allgather", backend=None):
-    """One rank's KCP forward over its context's process group → ``(o, saved)``."""
+def _values_error(a: _FwdArgs) -> str | None:
+    """``check_inputs=True``: the message of this rank's first value outside the domain."""
+    return check_input_values(a.g, a.beta)
+
+
+def _agree_on_call(a: _FwdArgs, local_error: str | None, force: bool) -> None:
+    """The ranks of a process group agree on this call (:mod:`gdn_core.kcp.agree`): one
+    small all-gather at the first call of a signature (``force``: every call, with this
+    rank's ``check_inputs`` outcome). Raises this rank's own error, or the
+    ``ValueError`` every rank raises; before any exchange of the call."""
+    ctx, s = a.ctx, a.shapes
+    if ctx.simulated or ctx.group is None or ctx.world_size == 1:
+        if local_error is not None:
+            raise ValueError(local_error)
+        return
+    sig = call_signature(H=s.H, HV=s.HV, K=s.K, V=s.V, dtype=a.q.dtype, exchange=a.exchange,
+                         l2=a.l2)
+    if not force and sig in ctx.agreed_calls:
+        return
+    from gdn_core.kcp.context import _comm_device
+
+    records = exchange_records(make_call_record(sig, local_error is not None), ctx.group,
+                               _comm_device(ctx.group))
+    if local_error is not None:
+        raise ValueError(local_error)
+    message = call_agreement_error(records)
+    if message is not None:
+        raise ValueError(message)
+    ctx.agreed_calls.add(sig)
+
+
+def check_forward_call(q, k, v, g, beta, context, *, deterministic: bool, context_cls: type,
+                       saved_cls: type, scale=None, use_qk_l2norm_in_kernel=False,
+                       exchange="allgather", backend=None, check_inputs=False) -> _FwdArgs:
+    """Every check of one rank's KCP forward, before any exchange: the arguments, the
+    ranks' agreement on the call (a collective at a new signature, or every call with
+    ``check_inputs``), and with ``check_inputs=True`` the values of ``g`` and ``beta``
+    (:func:`gdn_core.validation.check_input_values`: one host synchronisation; a bad
+    value on any rank raises on every rank)."""
     a = _prepare_forward(q, k, v, g, beta, context, scale=scale,
                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,
                          backend=backend, deterministic=deterministic,
                          context_cls=context_cls, saved_cls=saved_cls)
+    force = check_bool("check_inputs", check_inputs)
+    _agree_on_call(a, _values_error(a) if force else None, force)
+    return a
+
+
+def kcp_forward(q, k, v, g, beta, context, *, deterministic: bool, context_cls: type,
+                saved_cls: type, scale=None, use_qk_l2norm_in_kernel=False,
+                exchange="allgather", backend=None, check_inputs=False):
+    """One rank's KCP forward over its context's process group → ``(o, saved)``."""
+    a = check_forward_call(q, k, v, g, beta, context, deterministic=deterministic,
+                           context_cls=context_cls, saved_cls=saved_cls, scale=scale,
+                           use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,
+                           backend=backend, check_inputs=check_inputs)
     executor = a.ctx.executor()
     return drive(_forward_steps(a), executor)
 
@@ -397,10 +453,12 @@ def _per_rank(name: str, xs, n: int) -> list:
     return list(xs)
 
 
-def kcp_forward_simulated(qs, ks, vs, gs, betas, contexts, *, deterministic: bool,
-                          context_cls: type, saved_cls: type, scale=None,
-                          use_qk_l2norm_in_kernel=False, exchange="allgather", backend=None):
-    """Every rank's KCP forward of a simulated world → ``([o], [saved])``."""
+def check_forward_world(qs, ks, vs, gs, betas, contexts, *, deterministic: bool,
+                        context_cls: type, saved_cls: type, scale=None,
+                        use_qk_l2norm_in_kernel=False, exchange="allgather", backend=None,
+                        check_inputs=False) -> list[_FwdArgs]:
+    """Every check of a simulated world's forward (every rank's, and with
+    ``check_inputs=True`` their values: ``ValueError`` naming the rank)."""
     contexts = _check_world(contexts, context_cls)
     W = len(contexts)
     ins = [_per_rank(n, x, W) for n, x in
@@ -412,6 +470,23 @@ def kcp_forward_simulated(qs, ks, vs, gs, betas, contexts, *, deterministic: boo
                          context_cls=context_cls, saved_cls=saved_cls)
         for r in range(W)
     ]
+    if check_bool("check_inputs", check_inputs):
+        for r, a in enumerate(args):
+            err = _values_error(a)
+            if err is not None:
+                raise ValueError(f"rank {r}: {err}")
+    return args
+
+
+def kcp_forward_simulated(qs, ks, vs, gs, betas, contexts, *, deterministic: bool,
+                          context_cls: type, saved_cls: type, scale=None,
+                          use_qk_l2norm_in_kernel=False, exchange="allgather", backend=None,
+                          check_inputs=False):
+    """Every rank's KCP forward of a simulated world → ``([o], [saved])``."""
+    args = check_forward_world(qs, ks, vs, gs, betas, contexts, deterministic=deterministic,
+                               context_cls=context_cls, saved_cls=saved_cls, scale=scale,
+                               use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                               exchange=exchange, backend=backend, check_inputs=check_inputs)
     out = drive_simulated([_forward_steps(a) for a in args])
     return [o for o, _ in out], [s for _, s in out]
 

@@ -142,6 +142,8 @@ class KCPContext(ModeTyped):
     seg_suffix_rows: tuple[int, ...] = ()
     spec: RunSpec | None = None
     _halos: dict[int, ConvHalo] = field(default_factory=dict, repr=False)
+    #: call signatures every rank of the group agreed on (:mod:`gdn_core.kcp.agree`)
+    agreed_calls: set = field(default_factory=set, repr=False)
 
     @property
     def world_size(self) -> int:

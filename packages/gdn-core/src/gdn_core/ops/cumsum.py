@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_core.chunking import ChunkIndex
+from gdn_core.chunking import MIN_LOG_DECAY, ChunkIndex
 from gdn_core.ops.registry import launcher
 
 __all__ = ["chunk_cumsum_fwd", "chunk_cumsum_rev"]
@@ -27,6 +27,7 @@ def _chunk_cumsum_kernel(
     BT: tl.constexpr,
     BH: tl.constexpr,
     REVERSE: tl.constexpr,
+    FLOOR: tl.constexpr,
 ):
     i_c = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -37,6 +38,8 @@ def _chunk_cumsum_kernel(
     mask = (rt[:, None] < n) & (rh[None, :] < HV)
     offs = (bos + rt[:, None]) * HV + rh[None, :]
     b = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    if not REVERSE:  # g below FLOOR (-inf: a full reset) reads as FLOOR; NaN stays NaN
+        b = tl.where(b < FLOOR, FLOOR, b)
     # masked rows are zero and lie after the valid ones: neither scan direction
     # lets them change a valid row.
     b = tl.cumsum(b, axis=0, reverse=REVERSE)
@@ -58,7 +61,8 @@ def _launch(x: torch.Tensor, index: ChunkIndex, reverse: bool) -> torch.Tensor:
     grid = (NT, triton.cdiv(HV, BH))
     _chunk_cumsum_kernel[grid](
         x, y, index.chunk_start, index.chunk_len, HV,
-        BT=index.chunk_size, BH=BH, REVERSE=reverse, num_warps=2, num_stages=1,
+        BT=index.chunk_size, BH=BH, REVERSE=reverse, FLOOR=MIN_LOG_DECAY, num_warps=2,
+        num_stages=1,
     )
     return y
 
@@ -66,6 +70,9 @@ def _launch(x: torch.Tensor, index: ChunkIndex, reverse: bool) -> torch.Tensor:
 @launcher(uses_atomics=False, kernels=(_chunk_cumsum_kernel,))
 def chunk_cumsum_fwd(g: torch.Tensor, index: ChunkIndex) -> torch.Tensor:
     """Within-chunk inclusive cumulative sum: ``G_t = Σ_{s ≤ t, s in chunk(t)} g_s``.
+
+    A ``g_s`` below :data:`gdn_core.chunking.MIN_LOG_DECAY` (``-inf``: a full reset)
+    counts as that value: ``G`` stays finite and every decay across the token is 0.
 
     Args:
         g: ``[T, HV]`` log-decays, any float dtype (read as fp32).
