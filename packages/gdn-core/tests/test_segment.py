@@ -11,6 +11,7 @@ from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.kcp import fold
 from gdn_core.kcp.fold import fold_chain, fold_step
 from gdn_core.ops import chunk_state
+from gdn_core.ops.chunk_state_bwd import chunk_state_bwd_source
 from gdn_core.reference import naive_recurrent_gdn
 from gdn_core.segment import (
     DEFAULT_SEGMENT_SIZE,
@@ -123,7 +124,8 @@ def test_the_saved_inverse_gives_the_recomputed_bits(S, dtype):
     with record_launches() as launches:
         with_inv = chunk_gdn_bwd(saved, do, dh, deterministic=True)
     names = [x.name.rsplit(".", 1)[-1] for x in launches]
-    assert "wy_apply" in names and "wy_fwd" not in names, names
+    assert "wy_fwd" not in names and "wy_apply" not in names, names
+    assert ("wy_w" in names) == (chunk_state_bwd_source(32, 16) == "W"), names
     recomputed = chunk_gdn_bwd(dataclasses.replace(saved, A_inv=None), do, dh,
                                deterministic=True)
     for n in (*GRADS, "dh0"):
@@ -348,12 +350,13 @@ def test_summary_columns_are_the_two_separate_recurrences():
     k = k[0] / k[0].norm(dim=-1, keepdim=True)
     v, g, beta = v[0], g[0], beta[0]
     G = chunk_cumsum_fwd(g, idx)
-    _, W, U = wy_fwd(k, v, beta, G, idx, 2, output_A_inv=False)
-    _, _, E = chunk_state_fwd(k, W, U, G, idx, 2, output_final_state=True, store_states=False)
+    A, _ = wy_fwd(k, beta, G, idx, 2)
+    _, _, E = chunk_state_fwd(k, A, v, beta, G, idx, 2, output_final_state=True,
+                              store_states=False)
     eye = torch.eye(16).expand(3, 2, 16, 16)
-    _, _, M = chunk_state_fwd(k, W, torch.zeros_like(W), G, idx, 2, eye,
-                              output_final_state=True, store_states=False)
-    h, vn, both = chunk_state_fwd(k, W, U, G, idx, 2, output_final_state=True,
+    _, _, M = chunk_state_fwd(k, A, torch.zeros_like(k).expand(-1, 2, -1), beta, G, idx, 2,
+                              eye, output_final_state=True, store_states=False)
+    h, vn, both = chunk_state_fwd(k, A, v, beta, G, idx, 2, output_final_state=True,
                                   store_states=False, state_width=32, identity_state=True,
                                   store_v_new=False)
     assert h is None and vn is None
@@ -361,7 +364,7 @@ def test_summary_columns_are_the_two_separate_recurrences():
     torch.testing.assert_close(both[..., 16:], M, rtol=1e-5, atol=1e-5)
     # need flags: only the wanted columns are written, with the same bits
     need = torch.tensor([1, 2, 0], dtype=torch.int32)
-    _, _, part = chunk_state_fwd(k, W, U, G, idx, 2, output_final_state=True,
+    _, _, part = chunk_state_fwd(k, A, v, beta, G, idx, 2, output_final_state=True,
                                  store_states=False, state_width=32, identity_state=True,
                                  store_v_new=False, need=need)
     assert torch.equal(part[0, ..., :16], both[0, ..., :16])
