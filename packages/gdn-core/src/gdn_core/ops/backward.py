@@ -3,10 +3,11 @@
 Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
 ``hv // group``:
 
-0. recompute ``G`` (if not saved), ``W, U`` from the forward's saved inverse
-   (:func:`~gdn_core.ops.wy.wy_apply`; or ``A_inv, W, U`` with
-   :func:`~gdn_core.ops.wy.wy_fwd` when none was saved) and ``h, v_new``
-   (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd`);
+0. recompute ``G`` (if not saved), the inverse when none was saved
+   (:func:`~gdn_core.ops.wy.wy_fwd`), ``h, v_new`` from it
+   (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd` reads ``A_inv``, ``v``,
+   ``beta``: no ``U``) and, where the state backward reads it, ``W``
+   (:func:`~gdn_core.ops.wy.wy_w`; :func:`recompute_inverse_and_w`);
 1. :func:`~gdn_core.ops.dv_local.dv_local_bwd` — chunk-local ``dV'``;
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
    ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);

@@ -1,26 +1,38 @@
-"""Stage 3: the chunk-state recurrence.
+"""Stage 3: the chunk-state recurrence, on the chunk inverse.
 
 Per document, value head and block of value columns, walking the document's
 chunks in order with the state ``S`` (``[K, BV]``) in fp32 registers::
 
     h_c    = S                                         (stored, input dtype)
-    V'     = U − W S                                   ("v_new")
+    X      = β ⊙ (V − e^G ⊙ K S)                       (fp32, [64, BV])
+    V'     = A_inv X                                   ("v_new"; = U − W S)
     S     ← exp(G_last) S + (K ⊙ exp(G_last − G))ᵀ V'
 
-``Kᵀ`` is loaded through transposed pointer strides (no ``tl.trans``). The
-value width comes from ``U`` (not from ``v``): with ``U = 0 [T, HV, K]`` and
-``initial_state = I`` the kernel computes the chunk transition matrix ``M``
-used by context parallelism. One program per (value block, document, value
-head); no atomics.
+``A_inv`` is the chunk's ``[64, 64]`` inverse of :func:`~gdn_core.ops.wy.wy_fwd`
+(``W = A_inv diag(β e^G) K`` and ``U = A_inv diag(β) V`` regrouped), so the
+forward never writes ``W`` or ``U`` and the backward's recompute reads only
+what the forward saved. For 16-bit inputs ``K S`` and ``A_inv X`` are native
+16-bit dots (``S`` and ``X`` rounded to the input type, ``A_inv`` read in it —
+an fp32 ``A_inv`` gives the same bits); fp32 inputs take IEEE fp32 dots. ``K``
+is read twice per chunk, once as is and once transposed through swapped
+pointer strides (no ``tl.trans``). Value columns past ``v``'s width take
+``v = 0`` (``X = −β e^G K S``): with ``v = 0`` of width ``K`` and
+``initial_state = I`` the kernel gives the chunk transition matrix ``M`` of
+context parallelism. One program per (value block, document, value head); no
+atomics.
 
 Segment summaries (:mod:`gdn_core.segment`): with ``state_width = V + K`` and
 ``identity_state=True`` the state is ``[E | M]`` — columns ``[0, V)`` start
-at zero and take ``U``, columns ``[V, V + K)`` start at the identity and take
-a zero ``U`` (never materialised) — so one launch returns every "document"'s
+at zero and read ``v``, columns ``[V, V + K)`` start at the identity and take
+``v = 0`` (never materialised) — so one launch returns every "document"'s
 ``(S_ext, M)``; ``need`` (one int per document: bit 0 the ``E`` columns, bit 1
 the ``M`` columns) lets programs whose columns nobody reads return at once.
 Every column block is its own program, so a block's bits do not depend on
 which other blocks or documents the launch holds.
+
+sm_90 (Triton 3.6 ptxas, bf16, K=V=128, the forward's launch): 174 registers
+at ``BV = 32`` and 254 at ``BV = 64``, no spills (the ``W``/``U`` kernel it
+replaces: 174, and 255 with a 4-byte spill); ``tools/sm90_report.py``.
 """
 
 from __future__ import annotations
@@ -151,7 +163,7 @@ def chunk_state_config(K: int, V: int, elem_bytes: int = 2, programs: int = 0) -
     trades parallelism (programs = docs × HV × V/BV) against per-program work.
     The chunk loop is a serial chain (dot → v_new → dot), so the next chunks'
     tiles must already be in flight: with ``num_stages=3`` the pipeliner issues
-    chunk ``c+2``'s ``W``, ``U``, ``K`` and ``G`` copies while chunk ``c`` runs
+    chunk ``c+2``'s ``A_inv``, ``v``, ``K`` and ``G`` copies while chunk ``c`` runs
     (with 2 they are issued after chunk ``c``'s dots and waited on at once).
     Three stages fit in shared memory for 16-bit inputs (``elem_bytes=2``) up
     to ``BK = 128``; fp32 inputs and ``BK = 256`` keep two.

@@ -6,6 +6,12 @@ For each document, from ``dS_N = dht`` (or 0), over its chunks in reverse::
     dS_c  = exp(G_last) dS_{c+1} + scale (diag(Γ) Q_c)ᵀ dO_c − W_cᵀ dV'_c
     dh0   = dS_0
 
+``W_cᵀ dV'_c`` comes from a recomputed ``W`` (:func:`~gdn_core.ops.wy.wy_w`) or,
+with ``W=None``, from the chunk inverse the forward saved:
+``W_cᵀ dV'_c = K_cᵀ diag(β e^G) (A_invᵀ dV'_c)`` (``A_invᵀ`` and ``Kᵀ`` loaded
+through swapped strides; one more dependent dot a chunk, no ``W`` tensor).
+Which one the backward uses is pinned by :func:`chunk_state_bwd_source`.
+
 One program per (V block, value head, document) keeps its ``[K, BV]`` slice of
 ``dS`` in fp32 registers (the whole K extent: the ``Kd · dS`` term contracts
 over K, so K cannot be split across programs). Transposed operands (``Qᵀ``,

@@ -1,13 +1,18 @@
-"""Stage 2: the WY representation of each chunk.
+"""Stage 2: the WY representation of each chunk — its inverse.
 
 Per chunk (``C = 64`` tokens) and value head::
 
     A_ij  = β_i (k_i·k_j) exp(G_i − G_j)     i > j, else 0
     A_inv = (I + A)^{-1}                       unit lower triangular
-    W     = A_inv · diag(β exp(G)) · K         [C, K]
-    U     = A_inv · diag(β) · V                [C, V]
+    W     = A_inv · diag(β exp(G)) · K         [C, K]   (only on request)
 
-One program per (chunk, value head), in three phases that meet in the
+The forward needs ``A_inv`` alone: the state kernel
+(:mod:`gdn_core.ops.chunk_state`) applies it to ``β ⊙ (V − e^G ⊙ K S)`` in its
+chunk loop, so neither ``W`` nor ``U = A_inv diag(β) V`` is ever written. ``W``
+is still computed for the state backward's ``−Wᵀ dV'`` term when
+:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd_source` says so.
+
+One program per (chunk, value head), in up to three phases that meet in the
 program's own ``[64, 64]`` fp32 slice of the ``A_inv`` output (L1/L2
 resident), separated by CTA barriers:
 
@@ -20,19 +25,20 @@ resident), separated by CTA barriers:
    all); then two levels of merges on tiles read back from memory,
    ``X_10 = −X_11 A_10 X_00`` (and ``X_32``) on 16×16 tiles and ``X_BL = −X_BR
    (A_BL X_TL)`` on 32×32 tiles. IEEE fp32 throughout; each finished block
-   overwrites ``A``'s once nothing reads it any more.
-3. ``W`` and ``U``: the full ``[64, 64]`` inverse read back and applied with one
-   dot per 64-column tile (:func:`_wy_apply_tiles`). :func:`wy_apply`, which
-   recomputes ``W, U`` from a stored ``A_inv``, runs this phase alone (the
-   same kernel with ``INVERT=False``). For
-   16-bit inputs both operands are rounded to the input type for a native
-   16-bit dot (``W``/``U`` are stored in that type anyway); fp32 inputs take
-   IEEE fp32 dots.
+   overwrites ``A``'s once nothing reads it any more (:func:`_wy_invert`).
+3. ``W`` (``STORE_W``): the full ``[64, 64]`` inverse read back and applied
+   with one dot per 64-column tile (:func:`_dot_rows`). :func:`wy_fwd` runs
+   phases 1–2 (the forward, the segment summaries, the KCP summaries), with
+   ``with_w=True`` all three (a backward that recomputes the inverse);
+   :func:`wy_w` runs phase 3 alone from a stored ``A_inv``. For 16-bit inputs
+   both operands are rounded to the input type for a native 16-bit dot
+   (``W`` is stored in that type anyway); fp32 inputs take IEEE fp32 dots.
 
-The pinned configuration (``num_warps=8``, 100 registers, no spills on sm_90)
-was picked on the H200 among 4/8 warps × 16-bit/TF32 W/U dots × 1/2 stages:
-0.47 ms against 0.93 ms for the previous kernel at T=32768, H=16, K=V=128
-bf16 (``wy_apply`` alone 0.27 ms). No atomics, no autotuning: the program's
+The pinned configuration (``num_warps=8``, 1 stage) was picked on the H200 for
+the kernel that also wrote ``W`` and ``U`` (0.47 ms at T=32768, H=16, K=V=128
+bf16; the ``W``+``U`` phase alone 0.27 ms). sm_90 (Triton 3.6, ptxas): 80
+registers inverting only, 99 with ``W``, 64 for ``W`` alone, no spills
+(``tools/sm90_report.py``). No atomics, no autotuning: the program's
 arithmetic is fixed, so the bits are the same run to run.
 """
 
