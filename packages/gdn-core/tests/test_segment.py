@@ -311,6 +311,42 @@ def test_a_documents_bits_do_not_depend_on_its_neighbours(backend):
         assert torch.equal(full[n][1:2], alone[n]), n
 
 
+@needs_interpreter
+def test_backward_w_from_the_inverse_segments(monkeypatch):
+    """The state backward forming ``Wᵀ dV'`` from ``A_inv`` (no ``W`` launch), in the
+    segment path's first pass and main pass: accurate against the token loop, and a
+    document's bits still independent of its neighbours."""
+    from gdn_core.ops import chunk_state_bwd as state_bwd
+    from gdn_core.ops import record_launches
+
+    monkeypatch.setattr(state_bwd, "chunk_state_bwd_source", lambda K, V: "A_inv")
+    lengths, H, HV, S = [30, 290, 70], 2, 4, 64
+    offs = _offsets(lengths)
+    ins = _inputs(lengths, H=H, HV=HV, seed=5)
+    with record_launches() as launches:
+        got, saved = _run(ins, offs, S=S, backend="triton")
+    assert saved.segments is not None
+    assert not [x for x in launches if x.name.endswith("wy_w")]
+    q, k, v, g, beta, h0, do, dht = ins
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
+    o, final = naive_recurrent_gdn(*leaves[:5], initial_state=leaves[5],
+                                   output_final_state=True, cu_seqlens=torch.tensor(offs),
+                                   use_qk_l2norm_in_kernel=True)
+    ((o * do).sum() + (final * dht).sum()).backward()
+    want = {"o": o.detach(), "final": final.detach(),
+            **{"d" + n: x.grad for n, x in zip(("q", "k", "v", "g", "beta", "h0"), leaves)}}
+    for name, ref in want.items():
+        err = ((got[name].double() - ref.double()).norm() / ref.double().norm()).item()
+        assert err < 1e-4, (name, err)
+    a, b = offs[1], offs[2]
+    alone_ins = [x[:, a:b] for x in ins[:5]] + [ins[5][1:2], ins[6][:, a:b], ins[7][1:2]]
+    alone, _ = _run([x.contiguous() for x in alone_ins], [0, b - a], S=S, backend="triton")
+    for n in ("o",) + GRADS:
+        assert torch.equal(got[n][:, a:b], alone[n]), n
+    for n in ("final", "dh0"):
+        assert torch.equal(got[n][1:2], alone[n]), n
+
+
 def test_segments_repeat_bitwise_and_float64_gradcheck():
     lengths = [150]
     offs = _offsets(lengths)
