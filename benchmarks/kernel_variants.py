@@ -62,14 +62,14 @@ def _problem(T: int, docs: int, device: str) -> dict:
     q, k, v, g, beta, do = (x[0].contiguous() for x in (*inp.leaves, inp.do))
     index = ChunkIndex.build(inp.offsets, device)
     G = chunk_cumsum_fwd(g, index)
-    A_inv, W = wy_fwd(k, beta, G, index, 1, with_w=True)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)
     A_inv = inverse_for_backward(A_inv, k, v)
-    h, v_new, _ = chunk_state_fwd(k, A_inv, v, beta, G, index, 1)
+    h, v_new, _ = chunk_state_fwd(k, W, U, G, index, 1)
     scale = D**-0.5
     dvl = dv_local_bwd(q, k, G, do, scale, index, 1)
     dh, dvp, _ = chunk_state_bwd(q, k, W, G, do, dvl, None, scale, index, 1)
     _, dk_part, dw, dg_part = dqkwg_bwd(q, k, v_new, h, G, do, dh, dvp, scale, index, 1)
-    return dict(q=q, k=k, v=v, beta=beta, G=G, W=W, A_inv=A_inv, do=do, dvl=dvl,
+    return dict(q=q, k=k, v=v, beta=beta, G=G, W=W, U=U, A_inv=A_inv, do=do, dvl=dvl,
                 dvp=dvp, dw=dw, dk_part=dk_part, dk_out=torch.empty_like(dk_part),
                 dg_part=dg_part, index=index, scale=scale, g_dtype=g.dtype, docs=docs)
 
@@ -79,8 +79,7 @@ def _kernels(p: dict) -> dict:
     from gdn_core.ops import chunk_state, chunk_state_bwd, wy_bwd
 
     def state_fwd():
-        return chunk_state.chunk_state_fwd(p["k"], p["A_inv"], p["v"], p["beta"], p["G"],
-                                           p["index"], 1)[0]
+        return chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)[0]
 
     def state_bwd():
         return chunk_state_bwd.chunk_state_bwd(p["q"], p["k"], p["W"], p["G"], p["do"], p["dvl"],

@@ -1,10 +1,8 @@
 """WY forward kernel: the current launcher against a baseline module, and config variants.
 
-Times ``gdn_core.ops.wy.wy_fwd`` (the inverse alone, what the forward runs) and
-``wy_w`` (``W`` from a stored inverse) under patched ``wy_config`` (num_warps 4/8
-× 16-bit or TF32 ``W`` dots × 1/2 stages) against ``wy_fwd`` of a baseline module
-file (another revision's ``ops/wy.py``; before issue 19 it also wrote ``W`` and
-``U``), bf16, T=32768, H=16,
+Times ``gdn_core.ops.wy.wy_fwd`` and ``wy_apply`` under patched ``wy_config``
+(num_warps 4/8 × 16-bit or TF32 W/U dots × 1/2 stages) against ``wy_fwd`` of a
+baseline module file (another revision's ``ops/wy.py``), bf16, T=32768, H=16,
 K=V=128, one document and four; CUDA-event medians of 20 after 3 warm-ups, no L2
 flush; accuracy of each against ``gdn_core.reference.wy_ref`` on a small case.
 GPU only.
@@ -18,7 +16,6 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
-import inspect
 import itertools
 
 import torch
@@ -72,43 +69,35 @@ def main() -> None:
                     list(zip(offs_s[:-1], offs_s[1:])))
 
     def accuracy(mod) -> str:
-        out = _wy_aw(mod, *small[:3], G_s, idx_s)
+        out = mod.wy_fwd(*small[:3], G_s, idx_s, 1)
         errs = [((x.float().cpu() - r).norm() / r.norm()).item() for x, r in zip(out, refs)]
-        return "rel err A {:.2e} W {:.2e}".format(*errs)
+        return "rel err A {:.2e} W {:.2e} U {:.2e}".format(*errs)
 
     print("baseline", accuracy(base))
     cfg0 = cur.wy_config
     for offs in ([0, T], list(range(0, T + 1, 8192))):
         idx = ChunkIndex.build(offs, "cuda")
         G = chunk_cumsum_fwd(g, idx)
-        ms = _median_ms(functools.partial(_wy_aw, base, k, v, beta, G, idx))
+        ms = _median_ms(functools.partial(base.wy_fwd, k, v, beta, G, idx, 1))
         print(f"--- {len(offs) - 1} docs, T={T}: baseline wy_fwd {ms:.3f} ms")
-        ref_A = _wy_aw(base, k, v, beta, G, idx)[0]
+        ref_A = base.wy_fwd(k, v, beta, G, idx, 1)[0]
         for nw, d16, st in itertools.product((4, 8), (0, 1), (1, 2)):
             if st == 2 and d16 == 0:
                 continue
             cur.wy_config = lambda K, V, nw=nw, d16=d16, st=st: {
                 **cfg0(K, V), "num_warps": nw, "dot16": d16, "num_stages": st}
             try:
-                A, W = cur.wy_fwd(k, beta, G, idx, 1, with_w=True)
-                t_fwd = _median_ms(functools.partial(cur.wy_fwd, k, beta, G, idx, 1))
-                t_apply = _median_ms(functools.partial(cur.wy_w, k, beta, G, A, idx, 1))
-                same = torch.equal(cur.wy_w(k, beta, G, A, idx, 1), W)
-                print(f"  warps {nw} dot16 {d16} stages {st}: wy_fwd (inverse) {t_fwd:.3f} ms, "
-                      f"wy_w {t_apply:.3f} ms; max|dA| vs baseline "
-                      f"{(A - ref_A).abs().max().item():.1e}; wy_w==fwd W {same}; "
+                A, W, U = cur.wy_fwd(k, v, beta, G, idx, 1)
+                t_fwd = _median_ms(functools.partial(cur.wy_fwd, k, v, beta, G, idx, 1))
+                t_apply = _median_ms(functools.partial(cur.wy_apply, k, v, beta, G, A, idx, 1))
+                W2, U2 = cur.wy_apply(k, v, beta, G, A, idx, 1)
+                same = torch.equal(W2, W) and torch.equal(U2, U)
+                print(f"  warps {nw} dot16 {d16} stages {st}: wy_fwd {t_fwd:.3f} ms, "
+                      f"wy_apply {t_apply:.3f} ms; max|dA| vs baseline "
+                      f"{(A - ref_A).abs().max().item():.1e}; apply==fwd {same}; "
                       f"{accuracy(cur) if len(offs) == 2 else ''}")
             finally:
                 cur.wy_config = cfg0
-
-
-def _wy_aw(mod, k, v, beta, G, idx):
-    """``(A_inv, W)`` from a module's ``wy_fwd``: the inverse-first API of this
-    revision (``wy_fwd(k, beta, G, …, with_w=True)``) or an older one's
-    ``wy_fwd(k, v, beta, G, …) → (A_inv, W, U)`` (which also writes ``U``)."""
-    if "v" in inspect.signature(mod.wy_fwd).parameters:
-        return mod.wy_fwd(k, v, beta, G, idx, 1)[:2]
-    return mod.wy_fwd(k, beta, G, idx, 1, with_w=True)
 
 
 if __name__ == "__main__":

@@ -7,8 +7,7 @@ with its wheel. Use the GPU machine's Triton for figures that match it::
     python -m pip install --no-deps --target /tmp/t36 triton==3.6.0
     PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py
 
-prints, at bf16, K=V=128, the WY kernel's three modes, the state kernel at ``BV = 32``
-and ``64`` and the state backward with ``W`` and with ``A_inv``;
+prints the WY kernel (inverting and applying) at bf16, K=V=128 (the example);
 ``... tools/sm90_report.py conv`` the causal conv1d kernels (bf16, width 4, SiLU, the
 three document sources, the pinned tiles; unit channel strides as the JIT sees
 them); from Python,
@@ -106,47 +105,19 @@ def conv_reports() -> None:
            dict(sww=1, W=4, WP=8, HAS_BIAS=True, BR=_REDUCE_ROWS, BM=_REDUCE_COLS))
 
 
-def _main() -> None:
-    from gdn_core.ops.chunk_state import _chunk_state_fwd_kernel, chunk_state_config
-    from gdn_core.ops.chunk_state_bwd import _chunk_state_bwd_kernel, chunk_state_bwd_config
-    from gdn_core.ops.wy import _wy_kernel, wy_config
-
-    cfg = wy_config(128, 128)
-    types = ["*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*i32", "*i32", "i32:16", "i32:16"]
-    # wy_fwd (the inverse alone: the forward), wy_fwd(with_w=True), wy_w
-    for invert, store_w in ((True, False), (True, True), (False, True)):
-        report(_wy_kernel, types, {"GROUP": 1, "K": 128, "BK": cfg["BK"], "PREC": "tf32",
-                                   "DOT16": bool(cfg["dot16"]), "INVERT": invert,
-                                   "STORE_W": store_w},
-               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    # the state kernel on A_inv, as the forward launches it (h, v_new, final state)
-    types = ["*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*fp32",
-             "*i32", "*i32", "*i32", "i32:16", "i32:16"]
-    for programs in (16, 128):  # BV = 32 (one document), BV = 64 (8 documents)
-        c = chunk_state_config(128, 128, 2, programs=programs)
-        print(f"state forward BV={c['BV']}:", end=" ")
-        report(_chunk_state_fwd_kernel, types,
-               {"GROUP": 1, "K": 128, "V": 128, "VU": 128, "BT": 64, "BK": c["BK"],
-                "BV": c["BV"], "USE_H0": False, "H0_EYE": False, "HAS_NEED": False,
-                "STORE_H": True, "STORE_VNEW": True, "STORE_FINAL": True, "PREC": "tf32",
-                "DOT16": True}, num_warps=c["num_warps"], num_stages=c["num_stages"])
-    # the state backward, W from wy_w or W^T dV' from A_inv
-    c = chunk_state_bwd_config(128, 128, 2)
-    types = ["*bf16", "*bf16", "*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*bf16", "*fp32",
-             "*bf16", "*bf16", "*fp32", "*i32", "*i32", "*i32", "fp32"]
-    for from_inv in (False, True):
-        print(f"state backward {'A_inv' if from_inv else 'W'}:", end=" ")
-        report(_chunk_state_bwd_kernel, types,
-               {"H": 16, "HV": 16, "K": 128, "V": 128, "GROUP": 1, "BT": 64, "BK": c["BK"],
-                "BV": c["BV"], "USE_DHT": False, "HAS_NEED": False, "STORE": True,
-                "DOT_PREC": "tf32", "FROM_INV": from_inv},
-               num_warps=c["num_warps"], num_stages=c["num_stages"])
-
-
 if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] == ["conv"]:
         conv_reports()
-    else:
-        _main()
+        sys.exit(0)
+    from gdn_core.ops.wy import _wy_kernel, wy_config
+
+    cfg = wy_config(128, 128)
+    types = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
+             "i32:16", "i32:16"]
+    for invert in (True, False):  # wy_fwd, wy_apply
+        report(_wy_kernel, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"],
+                                   "BV": cfg["BV"], "PREC": "tf32",
+                                   "DOT16": bool(cfg["dot16"]), "INVERT": invert},
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])

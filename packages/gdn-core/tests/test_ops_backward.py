@@ -141,11 +141,8 @@ def test_dv_local_and_dqkwg(lengths, H, group, K, V):
 
 @pytest.mark.parametrize("lengths,H,group,K,V", LAYOUTS)
 @pytest.mark.parametrize("with_h0", [False, True])
-@pytest.mark.parametrize("source", ["W", "A_inv"])
-def test_chunk_state_bwd(lengths, H, group, K, V, with_h0, source):
-    """dU (= dV'), dh0 and the per-chunk dS against autograd through the recurrence,
-    with ``Wᵀ dV'`` from ``W`` or formed in the kernel from ``A_inv`` and ``beta``
-    (:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd_source`)."""
+def test_chunk_state_bwd(lengths, H, group, K, V, with_h0):
+    """dU (= dV'), dh0 and the per-chunk dS against autograd through the recurrence."""
     offs = _offsets(lengths)
     bounds = _bounds(offs)
     index = ChunkIndex.build(offs, DEVICE)
@@ -154,9 +151,7 @@ def test_chunk_state_bwd(lengths, H, group, K, V, with_h0, source):
     HV = H * group
     gen = torch.Generator().manual_seed(4)
     G = ref.chunk_cumsum_ref(g, bounds)
-    A_inv, W, U = ref.wy_ref(_expand(k, group), v, beta, G, bounds)
-    src = {} if source == "W" else {"A_inv": A_inv, "beta": beta}
-    Wk = W if source == "W" else None
+    _, W, U = ref.wy_ref(_expand(k, group), v, beta, G, bounds)
     do = torch.randn(*v.shape, generator=gen).to(DEVICE)
     dht = torch.randn(N, HV, K, V, generator=gen).to(DEVICE)
     h0 = torch.randn(N, HV, K, V, generator=gen).to(DEVICE) if with_h0 else None
@@ -187,22 +182,20 @@ def test_chunk_state_bwd(lengths, H, group, K, V, with_h0, source):
     loss.backward()
 
     dv_local = dv_local_bwd(q, k, G, do, scale, index, group)
-    dh, dvp, dh0 = chunk_state_bwd(q, k, Wk, G, do, dv_local, dht, scale, index, group, **src)
+    dh, dvp, dh0 = chunk_state_bwd(q, k, W, G, do, dv_local, dht, scale, index, group)
     _close(dvp, Ul.grad, 1e-5, "dv (dU)")
     _close(dh0, h0l.grad, 1e-5, "dh0")
     if states_out:
         _close(dh, torch.stack([s.grad for s in states_out]), 1e-5, "dh")
     # dh0 written over dht (the segment path's fold output): the same bits
     dht_buf = dht.clone()
-    _, _, dh0_inplace = chunk_state_bwd(q, k, Wk, G, do, dv_local, dht_buf, scale, index,
-                                        group, dh0=dht_buf, **src)
+    _, _, dh0_inplace = chunk_state_bwd(q, k, W, G, do, dv_local, dht_buf, scale, index, group,
+                                        dh0=dht_buf)
     assert dh0_inplace.data_ptr() == dht_buf.data_ptr() and torch.equal(dh0_inplace, dh0)
     with pytest.raises(ValueError, match="dh0 must be"):
-        chunk_state_bwd(q, k, Wk, G, do, dv_local, dht, scale, index, group, dh0=dht.double(),
-                        **src)
+        chunk_state_bwd(q, k, W, G, do, dv_local, dht, scale, index, group, dh0=dht.double())
     # without dht the last chunk of each document starts from zero
-    _, _, dh0_nodht = chunk_state_bwd(q, k, Wk, G, do, dv_local, None, scale, index, group,
-                                      **src)
+    _, _, dh0_nodht = chunk_state_bwd(q, k, W, G, do, dv_local, None, scale, index, group)
     for n, (bos, eos) in enumerate(bounds):
         if eos == bos:
             assert torch.count_nonzero(dh0_nodht[n]) == 0
@@ -521,49 +514,6 @@ def test_full_backward(lengths, H, group, K, V, with_h0, with_dht, l2norm, dtype
     assert got[5].dtype == torch.float32 and got[5].shape == (N, HV, K, V)
     if with_h0:
         _close(got[5], want[5], tol, "dh0")
-
-
-@pytest.mark.parametrize("lengths,H,group,K,V,with_h0,with_dht,l2norm,dtype",
-                         [FULL[1], FULL[2]])
-def test_full_backward_w_from_the_inverse(monkeypatch, lengths, H, group, K, V, with_h0,
-                                          with_dht, l2norm, dtype):
-    """The same with the state backward forming ``Wᵀ dV'`` from ``A_inv`` (no ``W``
-    launch at all), from a saved inverse and from a recomputed one."""
-    from gdn_core.ops import chunk_state_bwd as state_bwd
-    from gdn_core.ops.backward import chunk_gdn_backward
-    from gdn_core.ops.forward import gdn_forward_triton
-
-    monkeypatch.setattr(state_bwd, "chunk_state_bwd_source", lambda K, V: "A_inv")
-    offs = _offsets(lengths)
-    index = ChunkIndex.build(offs, DEVICE)
-    q, k, v, g, beta = (x.to(dtype) for x in _inputs(lengths, H, group, K, V, seed=12))
-    if l2norm:
-        q, k = q * 3.0, k * 0.5
-    N, HV = len(lengths), H * group
-    gen = torch.Generator().manual_seed(13)
-    do = torch.randn(*v.shape, generator=gen).to(DEVICE, dtype)
-    dht = torch.randn(N, HV, K, V, generator=gen).to(DEVICE) if with_dht else None
-    h0 = torch.randn(N, HV, K, V, generator=gen).to(DEVICE) if with_h0 else None
-    scale = K**-0.5
-    want = _reference_grads(*(x.float() for x in (q, k, v, g, beta)), offs, scale, h0,
-                            do.float(), dht, l2norm=l2norm)
-    fwd = gdn_forward_triton(q, k, v, g, beta, scale=scale, index=index, initial_state=h0,
-                             output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
-    runs = []
-    for A_inv in (fwd.A_inv, None):
-        with record_launches() as launches:
-            runs.append(chunk_gdn_backward(
-                fwd.q_used, fwd.k_used, v, g, beta, fwd.G, scale=scale, index=index,
-                initial_state=h0, do=do, dht=dht, deterministic=True, q_rstd=fwd.q_rstd,
-                k_rstd=fwd.k_rstd, A_inv=A_inv,
-            ))
-        assert not [x for x in launches if x.name.endswith("wy_w")]
-    tol = 1e-4 if dtype == torch.float32 else 5e-3
-    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), runs[0], want):
-        if name != "dh0" or with_h0:
-            _close(a, b, tol, name)
-    for a, b in zip(*runs):  # the saved inverse gives the recomputed bits
-        assert torch.equal(a, b)
 
 
 def test_compose_entry_points_deterministic():

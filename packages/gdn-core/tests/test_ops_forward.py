@@ -24,8 +24,8 @@ from gdn_core.ops import (
     l2norm_fwd,
     record_launches,
     registered_launchers,
+    wy_apply,
     wy_fwd,
-    wy_w,
 )
 
 # document lengths: empty, single token, one short of / exactly / one past a
@@ -162,17 +162,16 @@ def test_wy(dims, dtype):
     index = ChunkIndex.build(offs, "cpu")
     bounds = _bounds(offs)
     G = R.chunk_cumsum_ref(g, bounds)
-    A_inv, W = wy_fwd(k, beta, G, index, group, with_w=True)
-    A_ref, W_ref, _ = R.wy_ref(_expand(k, group), v.float(), beta.float(), G, bounds)
-    assert A_inv.dtype == torch.float32 and W.dtype == dtype
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
+    A_ref, W_ref, U_ref = R.wy_ref(_expand(k, group), v.float(), beta.float(), G, bounds)
+    assert A_inv.dtype == torch.float32 and W.dtype == dtype and U.dtype == dtype
     # A_inv is computed in fp32 from the (rounded) inputs: tight in both dtypes
     _check("A_inv", A_inv, A_ref, 1e-5)
     _check("W", W, W_ref, TOL[dtype])
-    # the backward's W from the stored inverse: the same bits; the forward's
-    # inverse-only launch: the same inverse
-    assert torch.equal(wy_w(k, beta, G, A_inv, index, group), W)
-    A_only, none = wy_fwd(k, beta, G, index, group)
-    assert none is None and torch.equal(A_only, A_inv)
+    _check("U", U, U_ref, TOL[dtype])
+    # the backward's W, U from the stored inverse: the same bits
+    W2, U2 = wy_apply(k, v, beta, G, A_inv, index, group)
+    assert torch.equal(W2, W) and torch.equal(U2, U)
     # columns past each chunk's length are exactly zero
     for bos, eos in bounds:
         for start in range(bos, eos, 64):
@@ -188,10 +187,11 @@ def test_wy_partial_chunks_every_block_edge():
     index = ChunkIndex.build(offs, "cpu")
     bounds = _bounds(offs)
     G = R.chunk_cumsum_ref(g, bounds)
-    A_inv, W = wy_fwd(k, beta, G, index, 2, with_w=True)
-    A_ref, W_ref, _ = R.wy_ref(_expand(k, 2), v.float(), beta.float(), G, bounds)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 2)
+    A_ref, W_ref, U_ref = R.wy_ref(_expand(k, 2), v.float(), beta.float(), G, bounds)
     _check("A_inv", A_inv, A_ref, 1e-5)
     _check("W", W, W_ref, 1e-4)
+    _check("U", U, U_ref, 1e-4)
     for bos, eos in bounds:
         assert (A_inv[bos:eos, :, eos - bos :] == 0).all()
 
@@ -206,45 +206,43 @@ def test_wy_strong_coupling():
     v = torch.randn(64, 1, 16, generator=gen)
     beta = torch.full((64, 1), 0.99)
     G = torch.zeros(64, 1)
-    A_inv, W = wy_fwd(k, beta, G, index, 1, with_w=True)
-    A_ref, W_ref, _ = R.wy_ref(k, v, beta, G, _bounds(offs))
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)
+    A_ref, W_ref, U_ref = R.wy_ref(k, v, beta, G, _bounds(offs))
     _check("A_inv", A_inv, A_ref, 1e-4)
     _check("W", W, W_ref, 1e-4)
-    # the forward pass skips W but gets the same inverse
-    A2, none = wy_fwd(k, beta, G, index, 1)
-    assert none is None and torch.equal(A2, A_inv)
+    _check("U", U, U_ref, 1e-4)
+    # the forward pass skips A_inv but gets the same W and U
+    none, W2, U2 = wy_fwd(k, v, beta, G, index, 1, output_A_inv=False)
+    assert none is None and torch.equal(W2, W) and torch.equal(U2, U)
 
 
-def test_wy_w_rejects_a_wrong_inverse():
+def test_wy_apply_rejects_a_wrong_inverse():
     offs = [0, 70]
     index = ChunkIndex.build(offs, "cpu")
-    k = torch.randn(70, 1, 32)
+    k, v = torch.randn(70, 1, 32), torch.randn(70, 2, 16)
     beta, G = torch.rand(70, 2), torch.zeros(70, 2)
     with pytest.raises(ValueError, match=r"A_inv must be \[T, HV, 64\]"):
-        wy_w(k, beta, G, torch.zeros(70, 2, 32), index, 2)
+        wy_apply(k, v, beta, G, torch.zeros(70, 2, 32), index, 2)
     with pytest.raises(ValueError, match=r"in torch.float32, got .* torch.float16"):
-        wy_w(k, beta, G, torch.zeros(70, 2, 64, dtype=torch.float16), index, 2)
+        wy_apply(k, v, beta, G, torch.zeros(70, 2, 64, dtype=torch.float16), index, 2)
     # 16-bit inputs: the inverse may come in their dtype (what the backward saves), not another
-    k16 = k.half()
-    wy_w(k16, beta, G, torch.zeros(70, 2, 64, dtype=torch.float16), index, 2)
+    k16, v16 = k.half(), v.half()
+    wy_apply(k16, v16, beta, G, torch.zeros(70, 2, 64, dtype=torch.float16), index, 2)
     with pytest.raises(ValueError, match=r"float32 or torch.float16, got .* torch.bfloat16"):
-        wy_w(k16, beta, G, torch.zeros(70, 2, 64, dtype=torch.bfloat16), index, 2)
+        wy_apply(k16, v16, beta, G, torch.zeros(70, 2, 64, dtype=torch.bfloat16), index, 2)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_inverse_for_backward_gives_the_recomputed_bits(dtype):
-    """W and the chunk states from the saved inverse (16-bit for 16-bit inputs)
-    equal those from the fp32 one."""
+    """W, U from the saved inverse (16-bit for 16-bit inputs) equal the forward's."""
     offs, _, k, v, g, beta = _inputs(VARLEN, 1, 2, 32, 16, dtype, seed=6)
     index = ChunkIndex.build(offs, "cpu")
     G = R.chunk_cumsum_ref(g, _bounds(offs))
-    A_inv, W = wy_fwd(k, beta, G, index, 2, with_w=True)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 2)
     saved = inverse_for_backward(A_inv, k, v)
     assert saved.dtype == dtype and (saved is A_inv) == (dtype == torch.float32)
-    assert torch.equal(wy_w(k, beta, G, saved, index, 2), W)
-    for a, b in zip(chunk_state_fwd(k, saved, v, beta, G, index, 2, output_final_state=True),
-                    chunk_state_fwd(k, A_inv, v, beta, G, index, 2, output_final_state=True)):
-        assert torch.equal(a, b)
+    W2, U2 = wy_apply(k, v, beta, G, saved, index, 2)
+    assert torch.equal(W2, W) and torch.equal(U2, U)
 
 
 # ----------------------------------------------------------- chunk state ---
@@ -261,12 +259,11 @@ def test_chunk_state(dims, dtype):
     N = len(bounds)
     G = R.chunk_cumsum_ref(g, bounds)
     ke = _expand(k, group)
-    A_ref, W, U = R.wy_ref(ke, v.float(), beta.float(), G, bounds)
-    A_inv = A_ref.to(dtype) if dtype != torch.float32 else A_ref  # as the forward saves it
+    _, W_ref, U_ref = R.wy_ref(ke, v.float(), beta.float(), G, bounds)
+    W, U = W_ref.to(dtype), U_ref.to(dtype)
     h0 = torch.randn(N, HV, K, V, generator=torch.Generator().manual_seed(6))
-    h, v_new, final = chunk_state_fwd(k, A_inv, v, beta, G, index, group, h0,
-                                      output_final_state=True)
-    h_ref, vn_ref, final_ref = R.chunk_states_ref(ke, W, U, G, bounds, h0)
+    h, v_new, final = chunk_state_fwd(k, W, U, G, index, group, h0, output_final_state=True)
+    h_ref, vn_ref, final_ref = R.chunk_states_ref(ke, W.float(), U.float(), G, bounds, h0)
     assert h.dtype == dtype and v_new.dtype == dtype and final.dtype == torch.float32
     assert h.shape == (index.num_chunks, HV, K, V)
     _check("h", h, h_ref, TOL[dtype])
@@ -277,15 +274,15 @@ def test_chunk_state(dims, dtype):
 
     # without an initial state; states and final state optional
     h2, vn2, f2 = chunk_state_fwd(
-        k, A_inv, v, beta, G, index, group, None, output_final_state=False, store_states=False
+        k, W, U, G, index, group, None, output_final_state=False, store_states=False
     )
     assert h2 is None and f2 is None
-    _, vn2_ref, _ = R.chunk_states_ref(ke, W, U, G, bounds, None)
+    _, vn2_ref, _ = R.chunk_states_ref(ke, W.float(), U.float(), G, bounds, None)
     _check("v_new (h0=None)", vn2, vn2_ref, TOL[dtype])
 
 
 def test_chunk_state_transition_matrix():
-    """v = 0 [T,HV,K] and S_0 = I give the chunk transition M (value width from v)."""
+    """U = 0 [T,HV,K] and S_0 = I give the chunk transition M (value width from U)."""
     H, HV, K, V = 1, 2, 32, 16
     lengths = [130, 0, 40]
     offs, _, k, v, g, beta = _inputs(lengths, H, HV, K, V, torch.float32, seed=7)
@@ -293,10 +290,10 @@ def test_chunk_state_transition_matrix():
     bounds = _bounds(offs)
     G = R.chunk_cumsum_ref(g, bounds)
     ke = _expand(k, 2)
-    A_inv, W, _ = R.wy_ref(ke, v, beta, G, bounds)
+    _, W, _ = R.wy_ref(ke, v, beta, G, bounds)
     U = torch.zeros(offs[-1], HV, K)
     eye = torch.eye(K).expand(len(lengths), HV, K, K).contiguous()
-    h, v_new, M = chunk_state_fwd(k, A_inv, U, beta, G, index, 2, eye, output_final_state=True)
+    h, v_new, M = chunk_state_fwd(k, W, U, G, index, 2, eye, output_final_state=True)
     assert h.shape == (index.num_chunks, HV, K, K) and v_new.shape == (offs[-1], HV, K)
     _, _, M_ref = R.chunk_states_ref(ke, W, U, G, bounds, eye)
     _check("M", M, M_ref, 1e-5)

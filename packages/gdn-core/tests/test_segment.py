@@ -11,7 +11,6 @@ from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.kcp import fold
 from gdn_core.kcp.fold import fold_chain, fold_step
 from gdn_core.ops import chunk_state
-from gdn_core.ops.chunk_state_bwd import chunk_state_bwd_source
 from gdn_core.reference import naive_recurrent_gdn
 from gdn_core.segment import (
     DEFAULT_SEGMENT_SIZE,
@@ -124,8 +123,7 @@ def test_the_saved_inverse_gives_the_recomputed_bits(S, dtype):
     with record_launches() as launches:
         with_inv = chunk_gdn_bwd(saved, do, dh, deterministic=True)
     names = [x.name.rsplit(".", 1)[-1] for x in launches]
-    assert "wy_fwd" not in names and "wy_apply" not in names, names
-    assert ("wy_w" in names) == (chunk_state_bwd_source(32, 16) == "W"), names
+    assert "wy_apply" in names and "wy_fwd" not in names, names
     recomputed = chunk_gdn_bwd(dataclasses.replace(saved, A_inv=None), do, dh,
                                deterministic=True)
     for n in (*GRADS, "dh0"):
@@ -311,42 +309,6 @@ def test_a_documents_bits_do_not_depend_on_its_neighbours(backend):
         assert torch.equal(full[n][1:2], alone[n]), n
 
 
-@needs_interpreter
-def test_backward_w_from_the_inverse_segments(monkeypatch):
-    """The state backward forming ``Wᵀ dV'`` from ``A_inv`` (no ``W`` launch), in the
-    segment path's first pass and main pass: accurate against the token loop, and a
-    document's bits still independent of its neighbours."""
-    from gdn_core.ops import chunk_state_bwd as state_bwd
-    from gdn_core.ops import record_launches
-
-    monkeypatch.setattr(state_bwd, "chunk_state_bwd_source", lambda K, V: "A_inv")
-    lengths, H, HV, S = [30, 290, 70], 2, 4, 64
-    offs = _offsets(lengths)
-    ins = _inputs(lengths, H=H, HV=HV, seed=5)
-    with record_launches() as launches:
-        got, saved = _run(ins, offs, S=S, backend="triton")
-    assert saved.segments is not None
-    assert not [x for x in launches if x.name.endswith("wy_w")]
-    q, k, v, g, beta, h0, do, dht = ins
-    leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta, h0)]
-    o, final = naive_recurrent_gdn(*leaves[:5], initial_state=leaves[5],
-                                   output_final_state=True, cu_seqlens=torch.tensor(offs),
-                                   use_qk_l2norm_in_kernel=True)
-    ((o * do).sum() + (final * dht).sum()).backward()
-    want = {"o": o.detach(), "final": final.detach(),
-            **{"d" + n: x.grad for n, x in zip(("q", "k", "v", "g", "beta", "h0"), leaves)}}
-    for name, ref in want.items():
-        err = ((got[name].double() - ref.double()).norm() / ref.double().norm()).item()
-        assert err < 1e-4, (name, err)
-    a, b = offs[1], offs[2]
-    alone_ins = [x[:, a:b] for x in ins[:5]] + [ins[5][1:2], ins[6][:, a:b], ins[7][1:2]]
-    alone, _ = _run([x.contiguous() for x in alone_ins], [0, b - a], S=S, backend="triton")
-    for n in ("o",) + GRADS:
-        assert torch.equal(got[n][:, a:b], alone[n]), n
-    for n in ("final", "dh0"):
-        assert torch.equal(got[n][1:2], alone[n]), n
-
-
 def test_segments_repeat_bitwise_and_float64_gradcheck():
     lengths = [150]
     offs = _offsets(lengths)
@@ -386,13 +348,12 @@ def test_summary_columns_are_the_two_separate_recurrences():
     k = k[0] / k[0].norm(dim=-1, keepdim=True)
     v, g, beta = v[0], g[0], beta[0]
     G = chunk_cumsum_fwd(g, idx)
-    A, _ = wy_fwd(k, beta, G, idx, 2)
-    _, _, E = chunk_state_fwd(k, A, v, beta, G, idx, 2, output_final_state=True,
-                              store_states=False)
+    _, W, U = wy_fwd(k, v, beta, G, idx, 2, output_A_inv=False)
+    _, _, E = chunk_state_fwd(k, W, U, G, idx, 2, output_final_state=True, store_states=False)
     eye = torch.eye(16).expand(3, 2, 16, 16)
-    _, _, M = chunk_state_fwd(k, A, torch.zeros_like(k).expand(-1, 2, -1), beta, G, idx, 2,
-                              eye, output_final_state=True, store_states=False)
-    h, vn, both = chunk_state_fwd(k, A, v, beta, G, idx, 2, output_final_state=True,
+    _, _, M = chunk_state_fwd(k, W, torch.zeros_like(W), G, idx, 2, eye,
+                              output_final_state=True, store_states=False)
+    h, vn, both = chunk_state_fwd(k, W, U, G, idx, 2, output_final_state=True,
                                   store_states=False, state_width=32, identity_state=True,
                                   store_v_new=False)
     assert h is None and vn is None
@@ -400,7 +361,7 @@ def test_summary_columns_are_the_two_separate_recurrences():
     torch.testing.assert_close(both[..., 16:], M, rtol=1e-5, atol=1e-5)
     # need flags: only the wanted columns are written, with the same bits
     need = torch.tensor([1, 2, 0], dtype=torch.int32)
-    _, _, part = chunk_state_fwd(k, A, v, beta, G, idx, 2, output_final_state=True,
+    _, _, part = chunk_state_fwd(k, W, U, G, idx, 2, output_final_state=True,
                                  store_states=False, state_width=32, identity_state=True,
                                  store_v_new=False, need=need)
     assert torch.equal(part[0, ..., :16], both[0, ..., :16])

@@ -31,19 +31,18 @@ def test_state_bits_same_alone_and_in_a_wide_launch(group):
     gen = torch.Generator().manual_seed(3)
     T = offs[-1]
     k = R.l2_normalize(torch.randn(T, H, D, generator=gen)).to("cuda", torch.bfloat16)
-    A = (torch.randn(T, HV, 64, generator=gen) * 0.1).to("cuda", torch.bfloat16)
-    v = torch.randn(T, HV, D, generator=gen).to("cuda", torch.bfloat16)
-    beta = torch.rand(T, HV, generator=gen).to("cuda", torch.bfloat16)
+    W = (torch.randn(T, HV, D, generator=gen) * 0.1).to("cuda", torch.bfloat16)
+    U = torch.randn(T, HV, D, generator=gen).to("cuda", torch.bfloat16)
     G = torch.cumsum(-torch.rand(T, HV, generator=gen) * 0.05, 0).cuda()
     h0 = torch.randn(N, HV, D, D, generator=gen).cuda()
     index = ChunkIndex.build(offs, "cuda")
-    h, vn, fin = chunk_state_fwd(k, A, v, beta, G, index, group, h0, output_final_state=True)
+    h, vn, fin = chunk_state_fwd(k, W, U, G, index, group, h0, output_final_state=True)
     c0 = 0
     for n, (a, b) in enumerate(zip(offs[:-1], offs[1:])):
         G_doc = G[a:b].contiguous()
         one = ChunkIndex.build([0, b - a], "cuda")
-        h1, vn1, fin1 = chunk_state_fwd(k[a:b], A[a:b], v[a:b], beta[a:b], G_doc, one, group,
-                                        h0[n:n + 1], output_final_state=True)
+        h1, vn1, fin1 = chunk_state_fwd(k[a:b], W[a:b], U[a:b], G_doc, one, group, h0[n:n + 1],
+                                        output_final_state=True)
         nc = one.num_chunks
         assert torch.equal(h[c0:c0 + nc], h1), n
         assert torch.equal(vn[a:b], vn1), n

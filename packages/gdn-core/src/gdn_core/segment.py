@@ -8,7 +8,7 @@ phases:
 
 1. **summaries** — every segment that has a successor gets ``(E, M)`` in one
    launch of :func:`~gdn_core.ops.chunk_state.chunk_state_fwd` over
-   segment-level "documents" with the state ``[E | M]`` (values ``[v | 0]``,
+   segment-level "documents" with the state ``[E | M]`` (``U' = [U | 0]``,
    ``h0 = [0 | I]``, width ``V + K``). ``M`` is skipped where nobody reads it
    (a document's first segment without an initial state);
 2. **fold** — per document, in segment order, with the fixed-order IEEE-fp32
@@ -489,7 +489,9 @@ class SegmentForward:
     q_rstd: torch.Tensor | None = None
     k_rstd: torch.Tensor | None = None
     G: torch.Tensor | None = None
-    A_inv: torch.Tensor | None = None  # as the later stages read it (inverse_for_backward)
+    W: torch.Tensor | None = None
+    U: torch.Tensor | None = None
+    A_inv: torch.Tensor | None = None  # as the backward reads it (inverse_for_backward)
     v_flat: torch.Tensor | None = None  # v, g, beta flat and contiguous (saved for backward)
     g_flat: torch.Tensor | None = None
     beta_flat: torch.Tensor | None = None
@@ -555,13 +557,12 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     else:
         st.q_used, st.k_used = qf, kf
     st.G = chunk_cumsum_fwd(gf, index)
-    A_inv, _ = wy_fwd(st.k_used, bf, st.G, index, s.group)
+    A_inv, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group)
     st.A_inv = inverse_for_backward(A_inv, st.k_used, vf)
-    del A_inv
     if want:
         need = L.tables(v.device).fwd_need
         _, _, st.summ = chunk_state_fwd(
-            st.k_used, st.A_inv, vf, bf, st.G, index, s.group, output_final_state=True,
+            st.k_used, st.W, st.U, st.G, index, s.group, output_final_state=True,
             store_states=False, state_width=s.V + s.K, identity_state=True,
             store_v_new=False, need=need,
         )
@@ -622,9 +623,10 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         from gdn_core.ops.output import chunk_output_fwd
 
         h, v_new, fin = chunk_state_fwd(
-            st.k_used, st.A_inv, st.v_flat, st.beta_flat, st.G, st.index, s.group,
-            initial_state=init, output_final_state=output_final_state, store_states=True,
+            st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
+            output_final_state=output_final_state, store_states=True,
         )
+        st.W = st.U = None  # spent before the output kernel allocates o
         o = chunk_output_fwd(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
         o = o.reshape(s.B, s.T, s.HV, s.V)
         saved = GDNSaved(
@@ -724,15 +726,11 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
             bst.P = reference_phases.entry_state_grads(saved, do, init, D0)
         return bst
 
-    from gdn_core.ops.backward import (
-        recompute_inverse_and_w,
-        resolve_workspace,
-        state_bwd_w_args,
-        uses_dq_partials,
-    )
+    from gdn_core.ops.backward import resolve_workspace, uses_dq_partials
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
     from gdn_core.ops.dv_local import dv_local_bwd
+    from gdn_core.ops.wy import wy_apply, wy_fwd
 
     index = saved.index
     q, k, v, beta, G = saved.q, saved.k, saved.v, saved.beta, saved.G
@@ -751,18 +749,21 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
 
         G = chunk_cumsum_fwd(saved.g.contiguous(), index)
         saved.G = G
-    bst.A_inv, bst.W = recompute_inverse_and_w(k, v, beta, G, saved.A_inv, index, group)
-    bst.h, bst.v_new, _ = chunk_state_fwd(k, bst.A_inv, v, beta, G, index, group,
-                                          initial_state=init, output_final_state=False,
-                                          store_states=True)
+    if saved.A_inv is not None:
+        bst.A_inv = saved.A_inv
+        bst.W, U = wy_apply(k, v, beta, G, saved.A_inv, index, group)
+    else:
+        bst.A_inv, bst.W, U = wy_fwd(k, v, beta, G, index, group)
+    bst.h, bst.v_new, _ = chunk_state_fwd(k, bst.W, U, G, index, group, initial_state=init,
+                                          output_final_state=False, store_states=True)
+    del U  # spent: v_new holds what the backward needs of it
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
     if need:
         D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
         flags = L.tables(k.device).bwd_need
         _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
-                                      saved.scale, index, group, store=False, need=flags,
-                                      **state_bwd_w_args(bst.W, bst.A_inv, beta))
+                                      saved.scale, index, group, store=False, need=flags)
     return bst
 
 

@@ -10,12 +10,12 @@ both for one fragment ``[start, stop)`` of a rank's shard (chunks restart at
 backend:
 
 * ``"triton"`` — :func:`~gdn_core.ops.cumsum.chunk_cumsum_fwd`,
-  :func:`~gdn_core.ops.wy.wy_fwd` (the chunk inverses), then one
-  :func:`~gdn_core.ops.chunk_state.chunk_state_fwd` over the state
-  ``[S_ext | M]`` of width ``V + K`` from ``[0 | I]`` (the ``M`` columns take
-  ``v = 0``, never materialised; only ``S_ext`` without ``need_M``). q/k
-  normalisation uses the forward's own :func:`~gdn_core.ops.l2norm.l2norm_fwd`,
-  so the summary sees the very keys the local forward uses.
+  :func:`~gdn_core.ops.wy.wy_fwd`, then
+  :func:`~gdn_core.ops.chunk_state.chunk_state_fwd` twice: with ``U`` for
+  ``S_ext`` (zero initial state), and with ``U = 0 [T,HV,K]`` and the identity
+  as initial state for ``M``. q/k normalisation uses the forward's own
+  :func:`~gdn_core.ops.l2norm.l2norm_fwd`, so the summary sees the very keys
+  the local forward uses.
 * ``"reference"`` — the same with the fp32 stage functions of
   :mod:`gdn_core.reference` (fp64 for fp64 inputs).
 
@@ -62,26 +62,25 @@ def _triton_summary(k, v, g, beta, need_M, use_qk_l2norm_in_kernel, index):
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.l2norm import l2norm_fwd
-    from gdn_core.ops.wy import inverse_for_backward, wy_fwd
+    from gdn_core.ops.wy import wy_fwd
 
     T, H, K = k.shape
-    HV, V = v.shape[1], v.shape[2]
+    HV = v.shape[1]
     group = HV // H
     if use_qk_l2norm_in_kernel:
         k, _ = l2norm_fwd(k)
     G = chunk_cumsum_fwd(g, index)
-    A_inv, _ = wy_fwd(k, beta, G, index, group)
-    A_inv = inverse_for_backward(A_inv, k, v)
-    if not need_M:
-        _, _, final = chunk_state_fwd(k, A_inv, v, beta, G, index, group,
-                                      output_final_state=True, store_states=False,
-                                      store_v_new=False)
-        return None, final[0]
-    # one launch for both: the state [S_ext | M] from [0 | I], the M columns with v = 0
-    _, _, both = chunk_state_fwd(k, A_inv, v, beta, G, index, group, output_final_state=True,
-                                 store_states=False, store_v_new=False, state_width=V + K,
-                                 identity_state=True)
-    return both[0, ..., V:].contiguous(), both[0, ..., :V].contiguous()
+    _, W, U = wy_fwd(k, v, beta, G, index, group, output_A_inv=False)
+    _, _, final = chunk_state_fwd(k, W, U, G, index, group, output_final_state=True,
+                                  store_states=False)
+    M = None
+    if need_M:
+        eye = torch.eye(K, dtype=torch.float32, device=k.device).expand(1, HV, K, K)
+        _, _, M = chunk_state_fwd(k, W, torch.zeros_like(W), G, index, group,
+                                  initial_state=eye, output_final_state=True,
+                                  store_states=False)
+        M = M[0]
+    return M, final[0]
 
 
 def fragment_summary(

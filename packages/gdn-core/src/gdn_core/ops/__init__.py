@@ -7,12 +7,10 @@ chunks of 64 tokens given by a :class:`gdn_core.chunking.ChunkIndex`):
    ``g`` → ``G``) and ``chunk_cumsum_rev`` (its backward).
 2. :mod:`~gdn_core.ops.l2norm` — ``l2norm_fwd`` / ``l2norm_bwd`` (in-kernel
    L2 normalisation of q and k).
-3. :mod:`~gdn_core.ops.wy` — ``wy_fwd``: the chunk inverses ``A_inv = (I + A)^{-1}``
-   (and ``W`` on request); ``wy_w``: ``W`` from a stored ``A_inv`` (the state
-   backward's). ``W`` and ``U`` are not part of the forward any more.
+3. :mod:`~gdn_core.ops.wy` — ``wy_fwd``: ``A_inv = (I + A)^{-1}``, ``W``, ``U``;
+   ``wy_apply``: ``W``, ``U`` from a stored ``A_inv``.
 4. :mod:`~gdn_core.ops.chunk_state` — ``chunk_state_fwd``: states entering
-   each chunk, ``v_new = A_inv diag(β)(V − diag(e^G) K S)`` (``= U − W S``),
-   final states.
+   each chunk, ``v_new = U − W S``, final states.
 5. :mod:`~gdn_core.ops.output` — ``chunk_output_fwd``: the chunk outputs.
 6. :mod:`~gdn_core.ops.forward` — ``gdn_forward_triton``: the composed forward.
 
@@ -27,7 +25,7 @@ from gdn_core.ops.forward import ForwardTensors, gdn_forward_triton
 from gdn_core.ops.l2norm import l2norm_bwd, l2norm_fwd
 from gdn_core.ops.output import chunk_output_fwd
 from gdn_core.ops.registry import launcher, record_launches, registered_launchers
-from gdn_core.ops.wy import inverse_for_backward, wy_fwd, wy_w
+from gdn_core.ops.wy import inverse_for_backward, wy_apply, wy_fwd
 
 __all__ = [
     "ForwardTensors",
@@ -42,6 +40,6 @@ __all__ = [
     "launcher",
     "record_launches",
     "registered_launchers",
+    "wy_apply",
     "wy_fwd",
-    "wy_w",
 ]

@@ -3,11 +3,10 @@
 Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
 ``hv // group``:
 
-0. recompute ``G`` (if not saved), the inverse when none was saved
-   (:func:`~gdn_core.ops.wy.wy_fwd`), ``h, v_new`` from it
-   (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd` reads ``A_inv``, ``v``,
-   ``beta``: no ``U``) and, where the state backward reads it, ``W``
-   (:func:`~gdn_core.ops.wy.wy_w`; :func:`recompute_inverse_and_w`);
+0. recompute ``G`` (if not saved), ``W, U`` from the forward's saved inverse
+   (:func:`~gdn_core.ops.wy.wy_apply`; or ``A_inv, W, U`` with
+   :func:`~gdn_core.ops.wy.wy_fwd` when none was saved) and ``h, v_new``
+   (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd`);
 1. :func:`~gdn_core.ops.dv_local.dv_local_bwd` — chunk-local ``dV'``;
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
    ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
@@ -305,42 +304,9 @@ def resolve_workspace(
     return workspace, workspace.views(T, HV, K, V, num_chunks, dtype, dq_partials)
 
 
-def recompute_inverse_and_w(
-    k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: torch.Tensor,
-    A_inv: torch.Tensor | None, index: ChunkIndex, group: int,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """What a backward rebuilds before its reverse passes: ``(A_inv, W)``.
-
-    ``A_inv``: the forward's saved inverse (returned as it is), or ``None`` to
-    recompute it (:func:`~gdn_core.ops.wy.wy_fwd`, then
-    :func:`~gdn_core.ops.wy.inverse_for_backward`: the bits of the saved one).
-    ``W`` only where the state backward reads it
-    (:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd_source` is ``"W"``):
-    :func:`~gdn_core.ops.wy.wy_w` from the saved inverse, or in the same launch
-    as the recomputed one; else ``None``. No ``U``: the state kernel reads
-    ``A_inv``, ``v`` and ``beta``.
-    """
-    from gdn_core.ops import chunk_state_bwd as state_bwd
-    from gdn_core.ops.wy import inverse_for_backward, wy_fwd, wy_w
-
-    want_w = state_bwd.chunk_state_bwd_source(k.shape[2], v.shape[2]) == "W"
-    if A_inv is None:
-        A_inv, W = wy_fwd(k, beta, G, index, group, with_w=want_w)
-        return inverse_for_backward(A_inv, k, v), W
-    return A_inv, (wy_w(k, beta, G, A_inv, index, group) if want_w else None)
-
-
-def state_bwd_w_args(W: torch.Tensor | None, A_inv: torch.Tensor, beta: torch.Tensor
-                     ) -> dict[str, torch.Tensor]:
-    """The keyword arguments of :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`
-    beside ``W``: none when ``W`` was recomputed, else ``A_inv`` and ``beta``."""
-    return {} if W is not None else {"A_inv": A_inv, "beta": beta}
-
-
 @dataclass
 class Recomputed:
-    """What a backward rebuilt of the forward: ``W [T,HV,K]`` (``None`` when the
-    state backward forms ``Wᵀ dV'`` from ``A_inv``), ``h [NT,HV,K,V]``,
+    """What a backward rebuilt of the forward: ``W [T,HV,K]``, ``h [NT,HV,K,V]``,
     ``v_new [T,HV,V]``. :func:`backward_from_recompute` drops each field (sets it to
     ``None``) once its last reader has run — ``W`` after the state backward, ``h``
     and ``v_new`` after dQ/dK — so that, held nowhere else, their memory is free
@@ -410,7 +376,7 @@ def backward_from_recompute(
         dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
     dh, dvp, dh0 = chunk_state_bwd(
         q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
-        dh0=dh0, **state_bwd_w_args(rec.W, A_inv, beta),
+        dh0=dh0,
     )  # dV' over dv_local: each element is rewritten by the program that read it
     rec.W = None
     # Outputs are allocated as late as possible, each once the tensors spent
@@ -471,6 +437,7 @@ def chunk_gdn_backward(
     """
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
+    from gdn_core.ops.wy import wy_apply, wy_fwd
 
     T, H, K = k.shape
     HV = v.shape[1]
@@ -486,13 +453,17 @@ def chunk_gdn_backward(
     if G is None:
         G = chunk_cumsum_fwd(g.contiguous(), index)
     G = G.contiguous()
-    A_inv, W = recompute_inverse_and_w(k, v, beta, G, A_inv, index, group)
+    if A_inv is None:
+        A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
+    else:
+        W, U = wy_apply(k, v, beta, G, A_inv, index, group)
     rec = Recomputed(W, None, None)
     del W  # the backward frees W, h and v_new as it spends them: no other reference
     rec.h, rec.v_new, _ = chunk_state_fwd(
-        k, A_inv, v, beta, G, index, group, initial_state=initial_state,
-        output_final_state=False, store_states=True,
+        k, rec.W, U, G, index, group, initial_state=initial_state, output_final_state=False,
+        store_states=True,
     )
+    del U  # spent: v_new holds what the backward needs of it
     l2 = q_rstd is not None or k_rstd is not None
     dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
         q, k, v, beta, G, A_inv, rec, scale=scale, index=index, do=do, dht=dht,

@@ -6,12 +6,6 @@ For each document, from ``dS_N = dht`` (or 0), over its chunks in reverse::
     dS_c  = exp(G_last) dS_{c+1} + scale (diag(Γ) Q_c)ᵀ dO_c − W_cᵀ dV'_c
     dh0   = dS_0
 
-``W_cᵀ dV'_c`` comes from a recomputed ``W`` (:func:`~gdn_core.ops.wy.wy_w`) or,
-with ``W=None``, from the chunk inverse the forward saved:
-``W_cᵀ dV'_c = K_cᵀ diag(β e^G) (A_invᵀ dV'_c)`` (``A_invᵀ`` and ``Kᵀ`` loaded
-through swapped strides; one more dependent dot a chunk, no ``W`` tensor).
-Which one the backward uses is pinned by :func:`chunk_state_bwd_source`.
-
 One program per (V block, value head, document) keeps its ``[K, BV]`` slice of
 ``dS`` in fp32 registers (the whole K extent: the ``Kd · dS`` term contracts
 over K, so K cannot be split across programs). Transposed operands (``Qᵀ``,
@@ -51,9 +45,8 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.dv_local import dot_precision
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
-from gdn_core.ops.wy import check_inverse
 
-__all__ = ["chunk_state_bwd", "chunk_state_bwd_config", "chunk_state_bwd_source"]
+__all__ = ["chunk_state_bwd", "chunk_state_bwd_config"]
 
 
 @triton.jit
@@ -61,8 +54,6 @@ def _chunk_state_bwd_kernel(
     q,
     k,
     W,
-    A_inv,
-    beta,
     G,
     do,
     dv_local,
@@ -86,7 +77,6 @@ def _chunk_state_bwd_kernel(
     HAS_NEED: tl.constexpr,
     STORE: tl.constexpr,
     DOT_PREC: tl.constexpr,
-    FROM_INV: tl.constexpr,
 ):
     i_v = tl.program_id(0)
     i_hv = tl.program_id(1)
@@ -132,16 +122,7 @@ def _chunk_state_bwd_kernel(
         b_k = tl.load(k + rows[:, None] * (H * K) + i_h * K + o_k[None, :], mask=m_tk, other=0.0)
         b_dvl = tl.load(dv_local + off_tv, mask=m_tv, other=0.0)
         b_qt = tl.load(q + rows[None, :] * (H * K) + i_h * K + o_k[:, None], mask=m_kt, other=0.0)
-        if FROM_INV:
-            # Wᵀ dV' = (diag(β e^G) K)ᵀ (A_invᵀ dV'): A_invᵀ, Kᵀ through swapped strides
-            b_at = tl.load(A_inv + rows[None, :] * (HV * BT) + i_hv * BT + o_t[:, None],
-                           mask=m_t[:, None] & m_t[None, :], other=0.0)
-            b_kt = tl.load(k + rows[None, :] * (H * K) + i_h * K + o_k[:, None], mask=m_kt,
-                           other=0.0)
-            b_b = tl.load(beta + rows * HV + i_hv, mask=m_t, other=0.0).to(tl.float32)
-        else:
-            b_wt = tl.load(W + rows[None, :] * (HV * K) + i_hv * K + o_k[:, None], mask=m_kt,
-                           other=0.0)
+        b_wt = tl.load(W + rows[None, :] * (HV * K) + i_hv * K + o_k[:, None], mask=m_kt, other=0.0)
         b_do = tl.load(do + off_tv, mask=m_tv, other=0.0)
         p_g = G + t0 * HV + i_hv
         b_g = tl.load(p_g + o_t * HV, mask=m_t, other=0.0)
@@ -157,12 +138,7 @@ def _chunk_state_bwd_kernel(
         # dS_c = exp(G_last) dS_{c+1} + Q^T (scale Γ dO) - W^T dV'
         b_dos = (b_do.to(tl.float32) * (tl.exp(b_g) * scale)[:, None]).to(dt)
         b_dh = tl.dot(b_qt, b_dos, b_dh * tl.exp(g_last), input_precision=DOT_PREC)
-        if FROM_INV:
-            b_y = tl.dot(b_at.to(dt), (-b_dv).to(dt), input_precision=DOT_PREC)
-            b_y = b_y * (b_b * tl.exp(b_g))[:, None]
-            b_dh = tl.dot(b_kt, b_y.to(dt), b_dh, input_precision=DOT_PREC)
-        else:
-            b_dh = tl.dot(b_wt.to(dt), (-b_dv).to(dt), b_dh, input_precision=DOT_PREC)
+        b_dh = tl.dot(b_wt.to(dt), (-b_dv).to(dt), b_dh, input_precision=DOT_PREC)
 
     tl.store(dh0 + off_state + off_kv, b_dh, mask=m_kv)
 
@@ -184,28 +160,11 @@ def chunk_state_bwd_config(K: int, V: int, elem_bytes: int = 2) -> dict:
     return {"BK": BK, "BV": BV, "num_warps": 4 if BK <= 128 else 8, "num_stages": stages}
 
 
-def chunk_state_bwd_source(K: int, V: int) -> str:
-    """Where the state backward's ``−Wᵀ dV'`` term takes ``W`` from (pinned per head dims).
-
-    * ``"W"`` (the default): the backward recomputes ``W = A_inv diag(β e^G) K``
-      with :func:`~gdn_core.ops.wy.wy_w` (one chunk-parallel launch, a ``[T, HV, K]``
-      tensor) and the state backward reads it: one dot on the serial chain.
-    * ``"A_inv"``: no ``W`` at all — the state backward forms
-      ``Wᵀ dV' = Kᵀ diag(β e^G) (A_invᵀ dV')`` from the saved inverse, two
-      dependent dots on the serial chain instead of one.
-
-    Both are deterministic (pinned, no atomics); their bits differ. Callers read
-    it through this module at call time, so a benchmark can patch it
-    (``benchmarks/state_from_inverse.py``).
-    """
-    return "W"
-
-
 @launcher(uses_atomics=False, kernels=(_chunk_state_bwd_kernel,))
 def chunk_state_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
-    W: torch.Tensor | None,
+    W: torch.Tensor,
     G: torch.Tensor,
     do: torch.Tensor,
     dv_local: torch.Tensor,
@@ -219,15 +178,10 @@ def chunk_state_bwd(
     store: bool = True,
     need: torch.Tensor | None = None,
     dh0: torch.Tensor | None = None,
-    A_inv: torch.Tensor | None = None,
-    beta: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """Reverse state recurrence. Returns ``(dh [NT,HV,K,V], dv [T,HV,V], dh0 [N,HV,K,V] fp32)``.
 
-    ``q, k: [T,H,K]``; ``W: [T,HV,K]`` (:func:`~gdn_core.ops.wy.wy_w`), or ``None``
-    with ``A_inv: [T,HV,64]`` and ``beta: [T,HV]`` given instead (``Wᵀ dV'`` formed
-    in the kernel, :func:`chunk_state_bwd_source`); ``G: [T,HV]`` fp32;
-    ``do, dv_local: [T,HV,V]``;
+    ``q, k: [T,H,K]``; ``W: [T,HV,K]``; ``G: [T,HV]`` fp32; ``do, dv_local: [T,HV,V]``;
     ``dht: [N,HV,K,V]`` or ``None``. ``dh``/``dv`` may supply the result buffers;
     ``dv`` may be ``dv_local`` itself (each element of ``dV'`` is stored by the
     program that loaded its ``dv_local``, after loading it).
@@ -240,18 +194,6 @@ def chunk_state_bwd(
     T, H, K = k.shape
     HV, V = do.shape[1], do.shape[2]
     N, NT = index.num_docs, index.num_chunks
-    from_inv = W is None
-    if from_inv:
-        if A_inv is None or beta is None:
-            raise ValueError("chunk_state_bwd needs W, or A_inv and beta")
-        if tuple(beta.shape) != (T, HV):
-            raise ValueError(f"beta must be [T, HV] = {(T, HV)}, got {tuple(beta.shape)}")
-        if index.chunk_size != 64:
-            raise ValueError(f"A_inv has 64-row chunks, the index {index.chunk_size}")
-        check_inverse(A_inv, k, HV)
-        A_inv, beta = A_inv.contiguous(), beta.contiguous()
-    elif A_inv is not None or beta is not None:
-        raise ValueError("chunk_state_bwd takes W or (A_inv, beta), not both")
     if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
         raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
     if not store:
@@ -274,14 +216,13 @@ def chunk_state_bwd(
     cfg = chunk_state_bwd_config(K, V, k.element_size())
     grid = (triton.cdiv(V, cfg["BV"]), HV, N)
     _chunk_state_bwd_kernel[grid](
-        q, k, *((A_inv, A_inv, beta) if from_inv else (W, W, W)), G, do, dv_local,
-        dht if dht is not None else dh0,
+        q, k, W, G, do, dv_local, dht if dht is not None else dh0,
         dh if store else dh0, dv if store else dh0, dh0,
         index.doc_offsets, index.doc_chunk_offsets,
         need if need is not None else index.doc_chunk_offsets, float(scale),
         H=H, HV=HV, K=K, V=V, GROUP=group, BT=index.chunk_size,
         BK=cfg["BK"], BV=cfg["BV"], USE_DHT=dht is not None, HAS_NEED=need is not None,
-        STORE=store, DOT_PREC=dot_precision(k.dtype), FROM_INV=from_inv,
+        STORE=store, DOT_PREC=dot_precision(k.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return dh, dv, dh0

@@ -1,11 +1,9 @@
 """The composed GDN forward pass on the flat token axis (Triton kernels).
 
-``l2norm (optional) → chunk_cumsum_fwd → wy_fwd (the chunk inverses only) →
-chunk_state_fwd (v_new = A_inv diag(β)(V − diag(e^G) K S) in the serial loop) →
-chunk_output_fwd``. ``W`` and ``U`` are never materialised. Returns only what
-the backward needs beyond the inputs: ``A_inv`` as the later stages read it
-(:func:`~gdn_core.ops.wy.inverse_for_backward`); the backward recomputes the
-chunk states from it.
+``l2norm (optional) → chunk_cumsum_fwd → wy_fwd → chunk_state_fwd →
+chunk_output_fwd``. Returns only what the backward needs beyond the inputs:
+``A_inv`` as the backward reads it; the backward recomputes ``W``, ``U`` from
+it and the chunk states.
 """
 
 from __future__ import annotations
@@ -89,11 +87,12 @@ def gdn_forward_triton(
     else:
         q_used, k_used, q_rstd, k_rstd = q, k, None, None
     G = chunk_cumsum_fwd(g, index)
-    A_inv, _ = wy_fwd(k_used, beta, G, index, group)
+    A_inv, W, U = wy_fwd(k_used, v, beta, G, index, group)
     A_inv = inverse_for_backward(A_inv, k_used, v)  # the fp32 inverse is freed here
     h, v_new, final = chunk_state_fwd(
-        k_used, A_inv, v, beta, G, index, group, initial_state=initial_state,
+        k_used, W, U, G, index, group, initial_state=initial_state,
         output_final_state=output_final_state, store_states=True,
     )
+    del W, U  # spent before the output kernel allocates o (a lower forward peak)
     o = chunk_output_fwd(q_used, k_used, v_new, h, G, scale, index, group)
     return ForwardTensors(o, final, G, q_used, k_used, q_rstd, k_rstd, A_inv)

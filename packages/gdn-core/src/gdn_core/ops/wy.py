@@ -1,18 +1,13 @@
-"""Stage 2: the WY representation of each chunk — its inverse.
+"""Stage 2: the WY representation of each chunk.
 
 Per chunk (``C = 64`` tokens) and value head::
 
     A_ij  = β_i (k_i·k_j) exp(G_i − G_j)     i > j, else 0
     A_inv = (I + A)^{-1}                       unit lower triangular
-    W     = A_inv · diag(β exp(G)) · K         [C, K]   (only on request)
+    W     = A_inv · diag(β exp(G)) · K         [C, K]
+    U     = A_inv · diag(β) · V                [C, V]
 
-The forward needs ``A_inv`` alone: the state kernel
-(:mod:`gdn_core.ops.chunk_state`) applies it to ``β ⊙ (V − e^G ⊙ K S)`` in its
-chunk loop, so neither ``W`` nor ``U = A_inv diag(β) V`` is ever written. ``W``
-is still computed for the state backward's ``−Wᵀ dV'`` term when
-:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd_source` says so.
-
-One program per (chunk, value head), in up to three phases that meet in the
+One program per (chunk, value head), in three phases that meet in the
 program's own ``[64, 64]`` fp32 slice of the ``A_inv`` output (L1/L2
 resident), separated by CTA barriers:
 
@@ -25,20 +20,19 @@ resident), separated by CTA barriers:
    all); then two levels of merges on tiles read back from memory,
    ``X_10 = −X_11 A_10 X_00`` (and ``X_32``) on 16×16 tiles and ``X_BL = −X_BR
    (A_BL X_TL)`` on 32×32 tiles. IEEE fp32 throughout; each finished block
-   overwrites ``A``'s once nothing reads it any more (:func:`_wy_invert`).
-3. ``W`` (``STORE_W``): the full ``[64, 64]`` inverse read back and applied
-   with one dot per 64-column tile (:func:`_dot_rows`). :func:`wy_fwd` runs
-   phases 1–2 (the forward, the segment summaries, the KCP summaries), with
-   ``with_w=True`` all three (a backward that recomputes the inverse);
-   :func:`wy_w` runs phase 3 alone from a stored ``A_inv``. For 16-bit inputs
-   both operands are rounded to the input type for a native 16-bit dot
-   (``W`` is stored in that type anyway); fp32 inputs take IEEE fp32 dots.
+   overwrites ``A``'s once nothing reads it any more.
+3. ``W`` and ``U``: the full ``[64, 64]`` inverse read back and applied with one
+   dot per 64-column tile (:func:`_wy_apply_tiles`). :func:`wy_apply`, which
+   recomputes ``W, U`` from a stored ``A_inv``, runs this phase alone (the
+   same kernel with ``INVERT=False``). For
+   16-bit inputs both operands are rounded to the input type for a native
+   16-bit dot (``W``/``U`` are stored in that type anyway); fp32 inputs take
+   IEEE fp32 dots.
 
-The pinned configuration (``num_warps=8``, 1 stage) was picked on the H200 for
-the kernel that also wrote ``W`` and ``U`` (0.47 ms at T=32768, H=16, K=V=128
-bf16; the ``W``+``U`` phase alone 0.27 ms). sm_90 (Triton 3.6, ptxas): 80
-registers inverting only, 99 with ``W``, 64 for ``W`` alone, no spills
-(``tools/sm90_report.py``). No atomics, no autotuning: the program's
+The pinned configuration (``num_warps=8``, 100 registers, no spills on sm_90)
+was picked on the H200 among 4/8 warps × 16-bit/TF32 W/U dots × 1/2 stages:
+0.47 ms against 0.93 ms for the previous kernel at T=32768, H=16, K=V=128
+bf16 (``wy_apply`` alone 0.27 ms). No atomics, no autotuning: the program's
 arithmetic is fixed, so the bits are the same run to run.
 """
 
@@ -52,7 +46,7 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
-__all__ = ["check_inverse", "inverse_for_backward", "wy_config", "wy_fwd", "wy_w"]
+__all__ = ["inverse_for_backward", "wy_apply", "wy_config", "wy_fwd"]
 
 
 @triton.jit
@@ -118,67 +112,35 @@ def _ieee(a, b):
 
 
 @triton.jit
-def _wy_invert(p_a, RS, p_k, KS, g, b, t, n, K: tl.constexpr, BK: tl.constexpr,
-               PREC: tl.constexpr):
-    """Phases 1–2 for one chunk: ``(I + A)^{-1}`` built in the chunk's fp32 slice ``p_a``
-    (row stride ``RS``) from its keys ``p_k`` (row stride ``KS``), gate cumsum ``g`` and
-    write strength ``b`` (``[64]`` fp32, 0 past ``n``)."""
+def _wy_apply_tiles(p_a, RSA, p_k, KS, p_w, WS, p_v, VS, p_u, US, g, beta, t, n,
+                    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                    PREC: tl.constexpr, DOT16: tl.constexpr):
+    """``W = A_inv diag(β e^G) K`` and ``U = A_inv diag(β) V`` for one chunk.
+
+    ``p_a``: the chunk's ``[64, 64]`` fp32 ``A_inv`` (row stride ``RSA``);
+    ``p_k``/``p_v``: its first key/value row (row strides ``KS``/``VS``);
+    ``g``, ``beta``: ``[64]`` fp32 gate cumsum and write strength (0 past ``n``).
+    ``DOT16``: round both operands to the output's 16-bit type and take a
+    native 16-bit dot (else fp32 operands at precision ``PREC``).
+    """
     mt = t < n
-    # ---- phase 1: A = strict-lower( β_i exp(G_i − G_j) k_i·k_j ) ----
-    kk = tl.zeros([64, 64], dtype=tl.float32)
-    for i_k in range(0, tl.cdiv(K, BK)):
-        ck = i_k * BK + tl.arange(0, BK)
-        mk = ck < K
-        kk = tl.dot(_ld(p_k, t, mt, ck, mk, KS), _ld_t(p_k, t, mt, ck, mk, KS), kk,
-                    input_precision=PREC)
-    m = (t[:, None] > t[None, :]) & mt[:, None]
-    e = tl.exp(tl.where(m, g[:, None] - g[None, :], 0.0))
-    tl.store(p_a + t[:, None] * RS + t[None, :], tl.where(m, kk * e * b[:, None], 0.0),
-             mask=mt[:, None])
-    tl.debug_barrier()
-
-    # ---- phase 2: (I + A)^{-1} ----
-    # diagonal blocks, written over A's (read only by the substitution)
-    xt = _inv_diag_blocks(p_a, n, RS)
-    rr = tl.arange(0, 64)
-    c = tl.arange(0, 16)
-    blk = (rr // 16) * 16
-    tl.debug_barrier()
-    tl.store(p_a + (blk[:, None] + c[None, :]) * RS + blk[:, None] + (rr % 16)[:, None], xt,
-             mask=(blk[:, None] + c[None, :]) < n)
-    tl.debug_barrier()
-    # 32×32 diagonal halves: X_10 = −X_11 A_10 X_00, X_32 = −X_33 A_32 X_22
-    x10 = -_ieee(_ld_sq(p_a, 16, 16, 16, n, RS),
-                 _ieee(_ld_sq(p_a, 16, 0, 16, n, RS), _ld_sq(p_a, 0, 0, 16, n, RS)))
-    x32 = -_ieee(_ld_sq(p_a, 48, 48, 16, n, RS),
-                 _ieee(_ld_sq(p_a, 48, 32, 16, n, RS), _ld_sq(p_a, 32, 32, 16, n, RS)))
-    tl.debug_barrier()
-    _st_sq(p_a, 16, 0, 16, n, RS, x10)
-    _st_sq(p_a, 48, 32, 16, n, RS, x32)
-    tl.debug_barrier()
-    # the bottom-left half: X_BL = −X_BR (A_BL X_TL), 32×32 tiles
-    x_bl = -_ieee(_ld_sq(p_a, 32, 32, 32, n, RS),
-                  _ieee(_ld_sq(p_a, 32, 0, 32, n, RS), _ld_sq(p_a, 0, 0, 32, n, RS)))
-    tl.debug_barrier()
-    _st_sq(p_a, 32, 0, 32, n, RS, x_bl)
-    tl.debug_barrier()
-
-
-@triton.jit
-def _load_inverse(p_a, RSA, t, n, DT: tl.constexpr):
-    """The chunk's ``[64, 64]`` ``A_inv`` (row stride ``RSA``; rows ≥ ``n`` read 0) as ``DT``."""
     c = tl.arange(0, 64)
-    a = tl.load(p_a + t[:, None] * RSA + c[None, :], mask=(t < n)[:, None], other=0.0)
-    return a.to(DT)
+    a = tl.load(p_a + t[:, None] * RSA + c[None, :], mask=mt[:, None], other=0.0)
+    if DOT16:
+        a = a.to(p_w.dtype.element_ty)
+    else:
+        a = a.to(tl.float32)
+    _dot_rows(a, p_k, KS, p_w, WS, beta * tl.exp(g), t, mt, K, BK, PREC, DOT16)
+    if DOT16:
+        a = a.to(p_u.dtype.element_ty)
+    _dot_rows(a, p_v, VS, p_u, US, beta, t, mt, V, BV, PREC, DOT16)
 
 
 @triton.jit
 def _dot_rows(a, p_x, XS, p_o, OS, scale, t, mt, D: tl.constexpr, BD: tl.constexpr,
               PREC: tl.constexpr, DOT16: tl.constexpr):
     """``O = a · diag(scale) X`` over ``D`` columns in ``BD``-wide blocks: ``X`` and
-    ``O`` rows ``t`` (masked by ``mt``) at row strides ``XS``/``OS``. ``DOT16``: the
-    operands rounded to ``O``'s 16-bit type for a native 16-bit dot (``a`` already
-    is), else fp32 operands at precision ``PREC``."""
+    ``O`` rows ``t`` (masked by ``mt``) at row strides ``XS``/``OS``."""
     for i in range(0, tl.cdiv(D, BD)):
         c = i * BD + tl.arange(0, BD)
         mc = c < D
@@ -193,25 +155,27 @@ def _dot_rows(a, p_x, XS, p_o, OS, scale, t, mt, D: tl.constexpr, BD: tl.constex
 @triton.jit
 def _wy_kernel(
     k,
+    v,
     beta,
     G,
     A_inv,
     W,
+    U,
     chunk_start,
     chunk_len,
     H,
     HV,
     GROUP: tl.constexpr,
     K: tl.constexpr,
+    V: tl.constexpr,
     BK: tl.constexpr,
+    BV: tl.constexpr,
     PREC: tl.constexpr,
     DOT16: tl.constexpr,
     INVERT: tl.constexpr,
-    STORE_W: tl.constexpr,
 ):
     """One chunk × value head. ``INVERT``: phases 1–2 build ``A_inv`` in place
-    (:func:`wy_fwd`); else ``A_inv`` is read as given (:func:`wy_w`). ``STORE_W``:
-    phase 3, ``W = A_inv diag(β e^G) K``."""
+    (:func:`wy_fwd`); else ``A_inv`` is read as given (:func:`wy_apply`)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
@@ -228,36 +192,76 @@ def _wy_kernel(
     b = tl.load(beta + bos * HV + i_hv + t * HV, mask=mt, other=0.0).to(tl.float32)
 
     if INVERT:
-        _wy_invert(p_a, RS, p_k, KS, g, b, t, n, K, BK, PREC)
+        # ---- phase 1: A = strict-lower( β_i exp(G_i − G_j) k_i·k_j ) ----
+        kk = tl.zeros([64, 64], dtype=tl.float32)
+        for i_k in range(0, tl.cdiv(K, BK)):
+            ck = i_k * BK + tl.arange(0, BK)
+            mk = ck < K
+            kk = tl.dot(_ld(p_k, t, mt, ck, mk, KS), _ld_t(p_k, t, mt, ck, mk, KS), kk,
+                        input_precision=PREC)
+        m = (t[:, None] > t[None, :]) & mt[:, None]
+        e = tl.exp(tl.where(m, g[:, None] - g[None, :], 0.0))
+        tl.store(p_a + t[:, None] * RS + t[None, :], tl.where(m, kk * e * b[:, None], 0.0),
+                 mask=mt[:, None])
+        tl.debug_barrier()
 
-    if STORE_W:  # ---- phase 3: W ----
-        if DOT16:
-            a = _load_inverse(p_a, RS, t, n, W.dtype.element_ty)
-        else:
-            a = _load_inverse(p_a, RS, t, n, tl.float32)
-        _dot_rows(a, p_k, KS, W + bos * HV * K + i_hv * K, HV * K, b * tl.exp(g), t, mt, K, BK,
-                  PREC, DOT16)
+        # ---- phase 2: (I + A)^{-1} ----
+        # diagonal blocks, written over A's (read only by the substitution)
+        xt = _inv_diag_blocks(p_a, n, RS)
+        rr = tl.arange(0, 64)
+        c = tl.arange(0, 16)
+        blk = (rr // 16) * 16
+        tl.debug_barrier()
+        tl.store(p_a + (blk[:, None] + c[None, :]) * RS + blk[:, None] + (rr % 16)[:, None], xt,
+                 mask=(blk[:, None] + c[None, :]) < n)
+        tl.debug_barrier()
+        # 32×32 diagonal halves: X_10 = −X_11 A_10 X_00, X_32 = −X_33 A_32 X_22
+        x10 = -_ieee(_ld_sq(p_a, 16, 16, 16, n, RS),
+                     _ieee(_ld_sq(p_a, 16, 0, 16, n, RS), _ld_sq(p_a, 0, 0, 16, n, RS)))
+        x32 = -_ieee(_ld_sq(p_a, 48, 48, 16, n, RS),
+                     _ieee(_ld_sq(p_a, 48, 32, 16, n, RS), _ld_sq(p_a, 32, 32, 16, n, RS)))
+        tl.debug_barrier()
+        _st_sq(p_a, 16, 0, 16, n, RS, x10)
+        _st_sq(p_a, 48, 32, 16, n, RS, x32)
+        tl.debug_barrier()
+        # the bottom-left half: X_BL = −X_BR (A_BL X_TL), 32×32 tiles
+        x_bl = -_ieee(_ld_sq(p_a, 32, 32, 32, n, RS),
+                      _ieee(_ld_sq(p_a, 32, 0, 32, n, RS), _ld_sq(p_a, 0, 0, 32, n, RS)))
+        tl.debug_barrier()
+        _st_sq(p_a, 32, 0, 32, n, RS, x_bl)
+        tl.debug_barrier()
+
+    # ---- phase 3: W, U ----
+    _wy_apply_tiles(p_a, RS, p_k, KS, W + bos * HV * K + i_hv * K, HV * K,
+                    v + bos * HV * V + i_hv * V, HV * V, U + bos * HV * V + i_hv * V, HV * V,
+                    g, b, t, n, K, V, BK, BV, PREC, DOT16)
 
 
-def _check_inputs(k, beta, G, index: ChunkIndex, group: int) -> None:
+def _check_dims(K: int, V: int) -> None:
+    for name, d in (("K", K), ("V", V)):
+        if d % 16 != 0 or not 16 <= d <= 256:
+            raise ValueError(f"{name} must be a multiple of 16 in [16, 256], got {d}")
+
+
+def _check_inputs(k, v, beta, G, index: ChunkIndex, group: int) -> None:
     T, H, K = k.shape
-    HV = beta.shape[1] if beta.dim() == 2 else -1
-    if HV != H * group or tuple(beta.shape) != (T, HV) or tuple(G.shape) != (T, HV):
+    HV, V = v.shape[1], v.shape[2]
+    if v.shape[0] != T or HV != H * group or tuple(beta.shape) != (T, HV) or tuple(G.shape) != (
+        T,
+        HV,
+    ):
         raise ValueError(
-            f"shape mismatch: k {tuple(k.shape)}, beta {tuple(beta.shape)}, "
+            f"shape mismatch: k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}, "
             f"G {tuple(G.shape)}, group {group}"
         )
     if index.chunk_size != 64:
         raise ValueError(f"the WY kernels need chunk size 64, got {index.chunk_size}")
-    if K % 16 != 0 or not 16 <= K <= 256:
-        raise ValueError(f"K must be a multiple of 16 in [16, 256], got {K}")
+    _check_dims(K, V)
 
 
 def wy_config(K: int, V: int) -> dict[str, int]:
     """Pinned launch configuration of the WY kernels for head dims ``K, V``
-    (``dot16``: 16-bit inputs take the 16-bit ``W`` dot, see :func:`_dot_rows`;
-    ``BV`` is the value block of the benchmark's reconstruction of the old ``U``
-    phase, ``benchmarks/state_from_inverse.py``)."""
+    (``dot16``: 16-bit inputs take the 16-bit W/U dot, see :func:`_wy_apply_tiles`)."""
     return {
         "BK": dot_tile(K, 64),
         "BV": dot_tile(V, 64),
@@ -270,106 +274,102 @@ def wy_config(K: int, V: int) -> dict[str, int]:
 @launcher(uses_atomics=False, kernels=(_wy_kernel,))
 def wy_fwd(
     k: torch.Tensor,
+    v: torch.Tensor,
     beta: torch.Tensor,
     G: torch.Tensor,
     index: ChunkIndex,
     group: int,
     *,
-    with_w: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The inverse ``(I + A)^{-1}`` of every chunk (phases 1–2), and ``W`` if asked.
+    output_A_inv: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """WY representation of every chunk.
 
     Args:
         k: ``[T, H, K]`` keys (bf16/fp16/fp32), head ``hv // group`` serves value head ``hv``.
-        beta: ``[T, HV]`` write strengths, ``HV = H * group``.
+        v: ``[T, HV, V]`` values, ``HV = H * group``.
+        beta: ``[T, HV]`` write strengths.
         G: ``[T, HV]`` fp32 within-chunk cumsum of ``g`` (:func:`chunk_cumsum_fwd`).
         index: the chunk table (chunk size 64).
         group: value heads per q/k head.
-        with_w: also compute ``W = A_inv diag(β e^G) K`` in the same launch (a
-            backward that recomputes the inverse and reads ``W``); its bits equal
-            :func:`wy_w`'s from the returned inverse.
+        output_A_inv: also return ``A_inv`` (the forward pass does not need it;
+            the kernel writes it either way, as its working memory).
 
     Returns:
-        ``(A_inv, W)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of
+        ``(A_inv, W, U)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of
         ``(I + A)^{-1}`` of its chunk, columns within the chunk, zero past the
-        chunk's length); ``W: [T, HV, K]`` in ``k``'s dtype, or ``None``.
+        chunk's length) or ``None``; ``W: [T, HV, K]`` in ``k``'s dtype;
+        ``U: [T, HV, V]`` in ``v``'s dtype.
     """
-    _check_inputs(k, beta, G, index, group)
-    A_inv = torch.empty(k.shape[0], beta.shape[1], 64, dtype=torch.float32, device=k.device)
-    W = _launch(k, beta, G, A_inv, index, group, invert=True, store_w=with_w)
-    return A_inv, W
+    _check_inputs(k, v, beta, G, index, group)
+    # The kernel builds the inverse in A_inv's memory: allocated either way.
+    A_inv = torch.empty(k.shape[0], v.shape[1], 64, dtype=torch.float32, device=k.device)
+    W, U = _launch(k, v, beta, G, A_inv, index, group, invert=True)
+    return (A_inv if output_A_inv else None), W, U
 
 
-def _dot16(k: torch.Tensor, v: torch.Tensor | None = None) -> bool:
-    """Whether the dots that apply ``A_inv`` take 16-bit operands (pinned config,
-    16-bit inputs; ``v``, when given, of the same dtype)."""
-    return bool(wy_config(k.shape[2], k.shape[2])["dot16"]) and k.dtype != torch.float32 \
-        and (v is None or k.dtype == v.dtype)
+def _dot16(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the W/U dots take 16-bit operands (pinned config, 16-bit inputs)."""
+    return bool(wy_config(k.shape[2], v.shape[2])["dot16"]) and k.dtype != torch.float32 \
+        and k.dtype == v.dtype
 
 
 def inverse_for_backward(A_inv: torch.Tensor, k: torch.Tensor, v: torch.Tensor
                          ) -> torch.Tensor:
-    """``A_inv`` (from :func:`wy_fwd` on ``k``) as the later stages read it: in
-    ``k``'s 16-bit dtype when the dots that apply it round it to that type anyway
-    (the state kernels, :func:`wy_w` and the WY backward do), else as it is (fp32).
-    Those stages get the bits they would get from the fp32 inverse, and it takes
-    half the memory."""
+    """``A_inv`` (from :func:`wy_fwd` on ``k, v``) as the backward reads it: in
+    ``k``'s 16-bit dtype when the W/U dots round it to that type anyway (the WY
+    backward does too), else as it is (fp32). A backward from it gets the bits
+    it would get from recomputing the inverse, and it takes half the memory."""
     return A_inv.to(k.dtype) if _dot16(k, v) else A_inv
 
 
-def _launch(k, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool, store_w: bool
-            ) -> torch.Tensor | None:
-    """Run :func:`_wy_kernel` (inputs checked by the caller) → ``W`` or ``None``."""
+def _launch(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run :func:`_wy_kernel` (inputs checked by the caller) → ``(W, U)``."""
     T, H, K = k.shape
-    HV = beta.shape[1]
-    k, beta, A_inv = (x.contiguous() for x in (k, beta, A_inv))
+    HV, V = v.shape[1], v.shape[2]
+    k, v, beta, A_inv = (x.contiguous() for x in (k, v, beta, A_inv))
     G = G.contiguous().float()
-    W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device) if store_w else None
+    W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
+    U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if index.num_chunks == 0 or HV == 0:
-        return W
-    cfg = wy_config(K, K)
+        return W, U
+    cfg = wy_config(K, V)
     _wy_kernel[(index.num_chunks, HV)](
-        k, beta, G, A_inv, W if store_w else A_inv, index.chunk_start, index.chunk_len, H, HV,
-        GROUP=group, K=K, BK=cfg["BK"], PREC="ieee" if k.dtype == torch.float32 else "tf32",
-        DOT16=_dot16(k), INVERT=invert, STORE_W=store_w,
+        k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
+        GROUP=group, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
+        PREC="ieee" if k.dtype == torch.float32 else "tf32",
+        DOT16=_dot16(k, v), INVERT=invert,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    return W
-
-
-def check_inverse(A_inv: torch.Tensor, k: torch.Tensor, HV: int) -> None:
-    """Raise ``ValueError`` unless ``A_inv`` is ``[T, HV, 64]`` in fp32 or, for 16-bit
-    ``k``, in ``k``'s dtype (what :func:`inverse_for_backward` gives)."""
-    T = k.shape[0]
-    allowed = (torch.float32, k.dtype) if _dot16(k) else (torch.float32,)
-    if tuple(A_inv.shape) != (T, HV, 64) or A_inv.dtype not in allowed:
-        raise ValueError(f"A_inv must be [T, HV, 64] = {(T, HV, 64)} in "
-                         f"{' or '.join(str(d) for d in allowed)}, got "
-                         f"{tuple(A_inv.shape)} {A_inv.dtype}")
+    return W, U
 
 
 @launcher(uses_atomics=False, kernels=(_wy_kernel,))
-def wy_w(
+def wy_apply(
     k: torch.Tensor,
+    v: torch.Tensor,
     beta: torch.Tensor,
     G: torch.Tensor,
     A_inv: torch.Tensor,
     index: ChunkIndex,
     group: int,
-) -> torch.Tensor:
-    """``W = A_inv diag(β e^G) K`` of every chunk from a stored ``A_inv`` (what
-    :func:`wy_fwd` returned, or :func:`inverse_for_backward` of it): phase 3 alone,
-    for the state backward's ``−Wᵀ dV'`` term
-    (:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`).
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W, U`` of every chunk from a stored ``A_inv`` (what :func:`wy_fwd` returned,
+    or :func:`inverse_for_backward` of it).
 
-    Same arguments as :func:`wy_fwd` plus ``A_inv: [T, HV, 64]``, fp32 or (when
-    the dot takes 16-bit operands) in ``k``'s dtype. Returns ``W: [T, HV, K]`` in
-    ``k``'s dtype, the bits of :func:`wy_fwd`'s ``with_w=True``.
+    Same arguments and results as :func:`wy_fwd` plus ``A_inv: [T, HV, 64]``,
+    fp32 or (when the W/U dots take 16-bit operands) in ``k``'s dtype; the bits
+    equal :func:`wy_fwd`'s ``W, U`` (the same tile routine).
 
     Raises:
         ValueError: on shape mismatches, an ``A_inv`` of another dtype, or
             unsupported head dims.
     """
-    _check_inputs(k, beta, G, index, group)
-    check_inverse(A_inv, k, beta.shape[1])
-    return _launch(k, beta, G, A_inv, index, group, invert=False, store_w=True)
+    T, HV = k.shape[0], v.shape[1]
+    allowed = (torch.float32, k.dtype) if _dot16(k, v) else (torch.float32,)
+    if tuple(A_inv.shape) != (T, HV, 64) or A_inv.dtype not in allowed:
+        raise ValueError(f"A_inv must be [T, HV, 64] = {(T, HV, 64)} in "
+                         f"{' or '.join(str(d) for d in allowed)}, got "
+                         f"{tuple(A_inv.shape)} {A_inv.dtype}")
+    _check_inputs(k, v, beta, G, index, group)
+    return _launch(k, v, beta, G, A_inv, index, group, invert=False)
