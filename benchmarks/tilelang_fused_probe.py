@@ -2,9 +2,9 @@
 
 Per shape (bf16 inputs from ``common.make_gdn_inputs``, K = V = 128):
 
-* ``forward``: Triton ``wy_fwd`` (the inverse) → ``chunk_state_fwd`` →
+* ``forward``: Triton ``wy_fwd`` (A_inv, W, U) → ``chunk_state_fwd`` →
   ``chunk_output_fwd`` against Triton ``wy_fwd`` → the fused kernel with ``q``
-  (``o`` and the final state; no ``h``, ``v_new`` in memory);
+  (``o`` and the final state; no ``W``, ``U``, ``h``, ``v_new`` in memory);
 * ``recompute``: the state kernel storing ``h`` and ``v_new`` (what the backward
   rebuilds) against the fused kernel without ``q``;
 
@@ -65,16 +65,16 @@ def _run_shape(T: int, docs: int, H: int, HV: int, iters: int) -> list[str]:
     G = chunk_cumsum_fwd(g, index)
 
     def triton_fwd():
-        A, _ = wy_fwd(k, beta, G, index, group)
-        A = inverse_for_backward(A, k, v)
-        h, vn, fin = chunk_state_fwd(k, A, v, beta, G, index, group, h0,
-                                     output_final_state=True)
+        _, W, U = wy_fwd(k, v, beta, G, index, group, output_A_inv=False)
+        h, vn, fin = chunk_state_fwd(k, W, U, G, index, group, h0, output_final_state=True)
         return chunk_output_fwd(q, k, vn, h, G, scale, index, group), fin
 
-    A16 = inverse_for_backward(wy_fwd(k, beta, G, index, group)[0], k, v)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
+    A16 = inverse_for_backward(A_inv, k, v)
+    del A_inv
 
     def fused_fwd(kk=k):
-        A, _ = wy_fwd(kk, beta, G, index, group)
+        A, _, _ = wy_fwd(kk, v, beta, G, index, group)  # (its W, U unused: the same kernel)
         o, _, _, fin = fused_chunk_fwd_tl(q, kk, v, inverse_for_backward(A, kk, v), G, beta,
                                           scale, index, group, h0, output_final_state=True)
         return o, fin
@@ -89,7 +89,7 @@ def _run_shape(T: int, docs: int, H: int, HV: int, iters: int) -> list[str]:
                                   output_final_state=True)[3]
 
     def triton_rec():
-        return chunk_state_fwd(k, A16, v, beta, G, index, group, h0, output_final_state=False)
+        return chunk_state_fwd(k, W, U, G, index, group, h0, output_final_state=False)
 
     def fused_rec():
         _, h, vn, _ = fused_chunk_fwd_tl(None, k, v, A16, G, beta, scale, index, group, h0,
