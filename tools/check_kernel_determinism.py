@@ -11,7 +11,11 @@ launchers declared ``uses_atomics=False`` (a runtime test proves that with
 * every ``@triton.jit`` kernel is either launched through a declared launcher
   or called by another ``@triton.jit`` function (nothing launches unchecked);
 * no ``triton.autotune`` decorates a kernel of an atomic-free launcher (the
-  deterministic paths use pinned configurations).
+  deterministic paths use pinned configurations);
+* TileLang modules (those importing ``tilelang``; their kernels are built inside
+  the launcher's module, not named by ``kernels=``): no ``T.atomic*`` call and no
+  ``tilelang.autotune`` anywhere in a module that declares an atomic-free
+  launcher.
 
 Usage: ``python tools/check_kernel_determinism.py [--root DIR]`` (default: the
 repo's ``packages/``). One line per finding (``file:line: message``); exit 1
@@ -55,7 +59,43 @@ def _decorator_name(node: ast.expr) -> str:
     return ""
 
 
-def _scan_file(path: Path, jits: dict[str, JitFunction], launchers: list[Launcher]) -> None:
+_TL_ATOMIC = ("T.atomic", "tilelang.language.atomic")
+
+
+def _tilelang_findings(path: Path, tree: ast.Module, launchers: list[Launcher]) -> list[str]:
+    """Atomics and autotuning in a TileLang module with an atomic-free launcher."""
+    if not any(ln.path == path and not ln.uses_atomics for ln in launchers):
+        return []
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            callee = _decorator_name(node)
+            if callee.startswith(_TL_ATOMIC):
+                out.append(f"{path}:{node.lineno}: TileLang atomic {callee} in a module with an "
+                           f"atomic-free launcher")
+            elif callee.endswith("autotune") and "tilelang" in callee:
+                out.append(f"{path}:{node.lineno}: tilelang.autotune in a module with an "
+                           f"atomic-free launcher (pin the configuration)")
+        elif isinstance(node, ast.FunctionDef):
+            for dec in node.decorator_list:  # a bare decorator (a called one is a Call)
+                name = "" if isinstance(dec, ast.Call) else _decorator_name(dec)
+                if name.endswith("autotune") and "tilelang" in name:
+                    out.append(f"{path}:{dec.lineno}: tilelang.autotune in a module with an "
+                               f"atomic-free launcher (pin the configuration)")
+    return out
+
+
+def _imports_tilelang(tree: ast.Module) -> bool:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == "tilelang"
+                                                for a in node.names):
+            return True
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "tilelang":
+            return True
+    return False
+
+
+def _scan_file(path: Path, jits: dict[str, JitFunction], launchers: list[Launcher]) -> ast.Module:
     tree = ast.parse(path.read_text(), filename=str(path))
     for node in ast.walk(tree):
         if not isinstance(node, ast.FunctionDef):
@@ -83,16 +123,20 @@ def _scan_file(path: Path, jits: dict[str, JitFunction], launchers: list[Launche
                 if isinstance(kernels, (ast.Tuple, ast.List)):
                     names_ = [e.id for e in kernels.elts if isinstance(e, ast.Name)]
                 launchers.append(Launcher(node.name, path, node.lineno, uses.value, names_))
+    return tree
 
 
 def check(root: Path) -> list[str]:
     """All findings under ``root`` (each ``file:line: message``)."""
     jits: dict[str, JitFunction] = {}
     launchers: list[Launcher] = []
+    tilelang_modules: list[tuple[Path, ast.Module]] = []
     for path in sorted(root.rglob("*.py")):
         if "tests" in path.parts:
             continue
-        _scan_file(path, jits, launchers)
+        tree = _scan_file(path, jits, launchers)
+        if _imports_tilelang(tree):
+            tilelang_modules.append((path, tree))
 
     def resolve(path: Path, name: str) -> JitFunction | None:
         # Same module first, then any module (helpers imported by name).
@@ -100,6 +144,8 @@ def check(root: Path) -> list[str]:
             (f for f in jits.values() if f.name == name), None)
 
     findings: list[str] = []
+    for path, tree in tilelang_modules:
+        findings += _tilelang_findings(path, tree, launchers)
     launched: set[str] = set()
     called: set[str] = set()
     for fn in jits.values():

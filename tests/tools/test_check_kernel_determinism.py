@@ -121,3 +121,70 @@ def test_cli_exit_codes(tmp_path, capsys):
     """)
     assert checker.main(["--root", str(bad)]) == 1
     assert "_orphan" in capsys.readouterr().out
+
+
+TL_HEADER = """
+import tilelang
+import tilelang.language as T
+from gdn_core.ops.registry import launcher
+"""
+
+
+def _write_tl(tmp_path: Path, body: str) -> Path:
+    pkg = tmp_path / "pkg" / "src" / "pkg"
+    pkg.mkdir(parents=True)
+    (pkg / "tl_kernels.py").write_text(TL_HEADER + textwrap.dedent(body))
+    return tmp_path
+
+
+@pytest.mark.parametrize("atomic, expected", [(True, 1), (False, 0)])
+def test_tilelang_atomic_in_a_module_with_an_atomic_free_launcher(tmp_path, atomic, expected):
+    op = "T.atomic_add(y[i], x[i])" if atomic else "y[i] = x[i]"
+    root = _write_tl(tmp_path, f"""
+        def _build():
+            @T.prim_func
+            def k(x: T.Tensor((8,), "float32"), y: T.Tensor((8,), "float32")):
+                with T.Kernel(1, threads=32):
+                    for i in T.Parallel(8):
+                        {op}
+            return tilelang.compile(k)
+
+        @launcher(uses_atomics=False)
+        def run(x, y):
+            _build()(x, y)
+    """)
+    findings = checker.check(root)
+    assert len(findings) == expected
+    if atomic:
+        assert "TileLang atomic T.atomic_add" in findings[0]
+
+
+def test_tilelang_autotune_is_refused(tmp_path):
+    root = _write_tl(tmp_path, """
+        @tilelang.autotune(configs=[{"threads": 128}])
+        @tilelang.jit
+        def k(threads=128):
+            pass
+
+        @launcher(uses_atomics=False)
+        def run(x):
+            k()(x)
+    """)
+    findings = checker.check(root)
+    assert len(findings) == 1 and "tilelang.autotune" in findings[0]
+
+
+def test_tilelang_atomic_allowed_behind_an_atomic_launcher(tmp_path):
+    root = _write_tl(tmp_path, """
+        def _build():
+            @T.prim_func
+            def k(x: T.Tensor((8,), "float32")):
+                with T.Kernel(1, threads=32):
+                    T.atomic_add(x[0], 1.0)
+            return tilelang.compile(k)
+
+        @launcher(uses_atomics=True)
+        def run(x):
+            _build()(x)
+    """)
+    assert checker.check(root) == []

@@ -1,9 +1,15 @@
 """The chunk recurrence and the chunk output in one hand-scheduled TileLang kernel.
 
-One CTA per (value block, document, value head) walks the document's chunks of
-64 tokens in order. With ``S`` the ``[K, BV]`` state entering a chunk, ``n`` the
-chunk's valid rows, ``A = (I + A_gated)^{-1}`` its stored WY inverse
-(:func:`~gdn_core.ops.wy.wy_fwd`), ``Γ = exp(G)`` and ``γ = exp(G_last)``::
+**Status: experimental, used by no package path.** It is correct on the H200 (errors
+against the fp32 reference at the Triton path's level, bitwise repeatable, non-finite
+values contained per document) but slower than the Triton kernels it would replace
+(``benchmarks/results/2026-12-01-h200-s8-fused-forward-tilelang.md``); it is kept as
+the starting point of the fused forward (``docs/kernels.md``).
+
+One CTA per (document, value head) walks the document's chunks of 64 tokens in
+order. With ``S`` the ``[K, V]`` state entering a chunk, ``n`` the chunk's valid
+rows, ``A = (I + A_gated)^{-1}`` its stored WY inverse
+(:func:`~gdn_core.ops.wy.inverse_for_backward`), ``Γ = exp(G)``, ``γ = exp(G_last)``::
 
     X   = [t < n] · β ⊙ (V − Γ ⊙ (K S))          (= diag(β)(V − Γ K S))
     V'  = [t < n] · A X                           (= U − W S, "v_new")
@@ -12,24 +18,24 @@ chunk's valid rows, ``A = (I + A_gated)^{-1}`` its stored WY inverse
 
 so ``W`` and ``U`` never exist in memory. Four warpgroups share the work:
 
-* **state** (warpgroup 0, ``S`` in fp32 registers): publishes ``S`` (rounded to
-  the input type) in shared memory, optionally stores it as ``h``, and updates it
-  with one wgmma once ``V'`` and ``K̃`` are ready — the only serial work;
-* **v_new** (warpgroup 1): ``K S``, ``X``, ``A X`` — two wgmmas on the chain;
-* **output** (warpgroup 2): ``P`` (off the chain: it needs no state), ``K̃``,
-  ``Q S`` beside the v_new warpgroup's ``K S``, then ``P V'`` and the store;
-* **producer** (one warp of warpgroup 3, few registers): TMA loads of the next
-  chunk's ``Q``, ``K``, ``V``, ``A`` tiles and plain loads of ``G``, ``β`` into a
-  two-stage ring.
+* **two chain warpgroups**, one per half of the value columns (``S[:, half]`` in
+  fp32 registers): publish their half of ``S`` (rounded to the input type) in
+  shared memory, ``K S``, ``X``, ``A X``, then the update ``γ S + K̃ᵀ V'`` — the
+  serial work;
+* **output** warpgroup: ``K̃`` into the stage's slot, ``Q S`` on the published
+  state, ``P`` and ``P V'``, the store of ``o``;
+* **producer** (one warp of the fourth warpgroup): TMA loads of each chunk's ``Q``,
+  ``K``, ``V``, ``A`` tiles and coalesced loads of ``G``, ``β`` (transposed to
+  ``[HV, T]`` rows by the launcher) into a two-stage ring.
 
-Each chunk's hand-offs go through mbarriers whose arrivals are ordered so that
-no arriver can complete two phases before every waiter has waited on the
-first (see the comments at each arrive). A document's last, partial chunk
-reads the next document's rows through the TMA box; every use of them goes
-through a select (never a multiplication by a mask), so a non-finite value in
-one document cannot reach another, and a program's arithmetic depends only on
-its own document (partition invariance). No atomics; fixed reduction order.
-Head dims ``K = V = 128``, 16-bit inputs.
+Each hand-off goes through an mbarrier whose arrivals are ordered so that no
+arriver can complete two phases before every waiter has waited on the first (the
+comments at the arrivals say why). A document's last, partial chunk reads the next
+document's rows through the TMA box; every use of them goes through a select
+(never a multiplication by a mask), so a non-finite value in one document cannot
+reach another, and a program's arithmetic depends only on its own document
+(partition invariance). No atomics; fixed reduction order. Head dims ``K = V = 128``,
+16-bit inputs.
 """
 
 # No ``from __future__ import annotations``: TileLang reads the prim_func's
