@@ -46,7 +46,9 @@ def _chunk_cumsum_kernel(
     tl.store(y + offs, b, mask=mask)
 
 
-def _launch(x: torch.Tensor, index: ChunkIndex, reverse: bool) -> torch.Tensor:
+def _launch_spec(x: torch.Tensor, index: ChunkIndex, reverse: bool):
+    """``(y, grid, args, constexprs)`` of a :func:`_chunk_cumsum_kernel` launch (``grid``
+    ``None``: nothing to launch). Each launcher makes the launch itself."""
     if x.dim() != 2:
         raise ValueError(f"expected a [T, HV] tensor, got shape {tuple(x.shape)}")
     T, HV = x.shape
@@ -56,15 +58,12 @@ def _launch(x: torch.Tensor, index: ChunkIndex, reverse: bool) -> torch.Tensor:
     y = torch.empty(T, HV, dtype=torch.float32, device=x.device)
     NT = index.num_chunks
     if NT == 0 or HV == 0:
-        return y
+        return y, None, (), {}
     BH = min(triton.next_power_of_2(HV), 16)
-    grid = (NT, triton.cdiv(HV, BH))
-    _chunk_cumsum_kernel[grid](
-        x, y, index.chunk_start, index.chunk_len, HV,
-        BT=index.chunk_size, BH=BH, REVERSE=reverse, FLOOR=MIN_LOG_DECAY, num_warps=2,
-        num_stages=1,
-    )
-    return y
+    constexprs = dict(BT=index.chunk_size, BH=BH, REVERSE=reverse, FLOOR=MIN_LOG_DECAY,
+                      num_warps=2, num_stages=1)
+    return y, (NT, triton.cdiv(HV, BH)), (x, y, index.chunk_start, index.chunk_len, HV), \
+        constexprs
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_cumsum_kernel,))
@@ -81,7 +80,10 @@ def chunk_cumsum_fwd(g: torch.Tensor, index: ChunkIndex) -> torch.Tensor:
     Returns:
         ``G: [T, HV]`` fp32.
     """
-    return _launch(g, index, reverse=False)
+    G, grid, args, constexprs = _launch_spec(g, index, reverse=False)
+    if grid is not None:
+        _chunk_cumsum_kernel[grid](*args, **constexprs)
+    return G
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_cumsum_kernel,))
@@ -97,4 +99,7 @@ def chunk_cumsum_rev(dG: torch.Tensor, index: ChunkIndex) -> torch.Tensor:
     Returns:
         ``dg: [T, HV]`` fp32.
     """
-    return _launch(dG, index, reverse=True)
+    dg, grid, args, constexprs = _launch_spec(dG, index, reverse=True)
+    if grid is not None:
+        _chunk_cumsum_kernel[grid](*args, **constexprs)
+    return dg

@@ -1,10 +1,12 @@
 """Registry of kernel launchers: which use atomics, and a record of launches.
 
-Every Triton launcher in :mod:`gdn_core.ops` is wrapped with
-:func:`launcher`, declaring whether the kernel it launches uses
-``tl.atomic_*``. :func:`record_launches` captures the launches made inside a
-``with`` block, so a test can prove that a deterministic call launched no
-atomic-using kernel::
+Every kernel launcher in :mod:`gdn_core.ops` is declared with
+:func:`launcher`, stating whether the kernel it launches uses atomics. The
+declaration returns the function itself (no wrapper: a launch costs no extra
+Python frame); :func:`record_launches` captures the declared launchers called
+inside a ``with`` block through a profile hook that exists only inside the
+block, so a test can prove that a deterministic call launched no atomic-using
+kernel::
 
     with record_launches() as launches:
         chunk_gdn_bwd(..., deterministic=True)
@@ -17,8 +19,7 @@ atomic-using kernel::
 from __future__ import annotations
 
 import contextlib
-import functools
-import threading
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -42,38 +43,44 @@ class Launch:
 
 
 _REGISTRY: dict[str, LauncherInfo] = {}
-_state = threading.local()
+_BY_CODE: dict[Any, Launch] = {}  # a launcher's code object → what a call records
 
 
 def launcher(*, uses_atomics: bool, kernels: tuple[Any, ...] = ()) -> Callable[[F], F]:
-    """Declare a kernel launcher. ``kernels``: the ``@triton.jit`` functions it launches."""
+    """Declare a kernel launcher. ``kernels``: the ``@triton.jit`` functions it launches.
 
-    def wrap(fn: F) -> F:
+    Returns the function unchanged (with a ``launcher_info`` attribute)."""
+
+    def declare(fn: F) -> F:
         name = f"{fn.__module__}.{fn.__qualname__}"
         _REGISTRY[name] = LauncherInfo(name, uses_atomics, tuple(kernels))
+        _BY_CODE[fn.__code__] = Launch(name, uses_atomics)
+        fn.launcher_info = _REGISTRY[name]  # type: ignore[attr-defined]
+        return fn
 
-        @functools.wraps(fn)
-        def run(*args: Any, **kwargs: Any) -> Any:
-            log = getattr(_state, "log", None)
-            if log is not None:
-                log.append(Launch(name, uses_atomics))
-            return fn(*args, **kwargs)
-
-        run.launcher_info = _REGISTRY[name]  # type: ignore[attr-defined]
-        return run  # type: ignore[return-value]
-
-    return wrap
+    return declare
 
 
 @contextlib.contextmanager
 def record_launches() -> Iterator[list[Launch]]:
-    """Record every registered launcher called in this thread inside the block."""
-    previous = getattr(_state, "log", None)
-    _state.log = []
+    """Record every declared launcher called in this thread inside the block, in call
+    order (a block nested in another records into both)."""
+    log: list[Launch] = []
+    previous_hook = sys.getprofile()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            hit = _BY_CODE.get(frame.f_code)
+            if hit is not None:
+                log.append(hit)
+        if previous_hook is not None:
+            previous_hook(frame, event, arg)
+
+    sys.setprofile(hook)
     try:
-        yield _state.log
+        yield log
     finally:
-        _state.log = previous
+        sys.setprofile(previous_hook)
 
 
 def registered_launchers() -> dict[str, LauncherInfo]:

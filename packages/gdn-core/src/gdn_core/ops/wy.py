@@ -303,7 +303,9 @@ def wy_fwd(
     _check_inputs(k, v, beta, G, index, group)
     # The kernel builds the inverse in A_inv's memory: allocated either way.
     A_inv = torch.empty(k.shape[0], v.shape[1], 64, dtype=torch.float32, device=k.device)
-    W, U = _launch(k, v, beta, G, A_inv, index, group, invert=True)
+    W, U, grid, args, constexprs = _launch_spec(k, v, beta, G, A_inv, index, group, invert=True)
+    if grid is not None:
+        _wy_kernel[grid](*args, **constexprs)
     return (A_inv if output_A_inv else None), W, U
 
 
@@ -322,9 +324,10 @@ def inverse_for_backward(A_inv: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return A_inv.to(k.dtype) if _dot16(k, v) else A_inv
 
 
-def _launch(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run :func:`_wy_kernel` (inputs checked by the caller) → ``(W, U)``."""
+def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool):
+    """``(W, U, grid, args, constexprs)`` of a :func:`_wy_kernel` launch (inputs checked
+    by the caller); ``grid`` is ``None`` when there is nothing to launch. Each launcher
+    makes the launch itself (no frame between it and the kernel)."""
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     k, v, beta, A_inv = (x.contiguous() for x in (k, v, beta, A_inv))
@@ -332,16 +335,16 @@ def _launch(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool
     W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
     U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if index.num_chunks == 0 or HV == 0:
-        return W, U
+        return W, U, None, (), {}
     cfg = wy_config(K, V)
-    _wy_kernel[(index.num_chunks, HV)](
-        k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
+    args = (k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV)
+    constexprs = dict(
         GROUP=group, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
         PREC="ieee" if k.dtype == torch.float32 else "tf32",
         DOT16=_dot16(k, v), INVERT=invert,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
-    return W, U
+    return W, U, (index.num_chunks, HV), args, constexprs
 
 
 @launcher(uses_atomics=False, kernels=(_wy_kernel,))
@@ -372,4 +375,8 @@ def wy_apply(
                          f"{' or '.join(str(d) for d in allowed)}, got "
                          f"{tuple(A_inv.shape)} {A_inv.dtype}")
     _check_inputs(k, v, beta, G, index, group)
-    return _launch(k, v, beta, G, A_inv, index, group, invert=False)
+    W, U, grid, args, constexprs = _launch_spec(k, v, beta, G, A_inv, index, group,
+                                                invert=False)
+    if grid is not None:
+        _wy_kernel[grid](*args, **constexprs)
+    return W, U
