@@ -7,10 +7,13 @@ thread spends enqueueing), then the queue is drained and the device time per
 call taken. Also reported:
 
 * whether a call synchronises (``torch.cuda.set_sync_debug_mode("warn")``
-  around one call: the warnings are counted);
+  around one call: the warnings reporting a synchronisation are counted, not
+  the mode's own one-time "prototype feature" notice, :func:`sync_detections`);
 * this library's kernel launches per call (the launcher registry) and the host
   cost of one Triton launch (an empty kernel, launched back to back), i.e. the
-  floor the launches alone set;
+  floor the launches alone set. On CUDA the count is the forward's only: autograd
+  runs a CUDA backward in its device thread, which the thread-local record
+  (``record_launches``) does not see;
 * the CUDA-graph path: the same call captured once (a
   :class:`~gdn_core.layout.VarlenLayout`, fixed-size tables) and replayed: host
   time per replay.
@@ -20,7 +23,7 @@ backend, or the interpreter with ``TRITON_INTERPRET=1``) as a check of the
 script; its figures mean nothing for the GPU.
 
     python benchmarks/host_overhead_gpu.py [--shape 1,1024,16,128,128] [--dtype bfloat16]
-        [--iters 200] [--no-fla] [--json out.json]
+        [--iters 200] [--no-fla] [--order gdn_train,gdn_det_train] [--json out.json]
 
 fla dispatches to FlashQLA when ``flash_qla`` is importable: time fla's own kernels in a
 process without it (DESIGN §5). With Triton 3.6 on Hopper set
@@ -68,7 +71,8 @@ def _implementations(args) -> dict[str, Callable]:
             if args.fla_force:
                 chunk_o.TRITON_ABOVE_3_7_1 = True
             impls["fla"] = fla_gdn
-    return impls
+    order = [n for n in args.order.split(",") if n in impls]
+    return {n: impls[n] for n in order + [n for n in impls if n not in order]}
 
 
 def _host_loop(step: Callable[[], None], iters: int, sync: Callable[[], None]
@@ -84,7 +88,29 @@ def _host_loop(step: Callable[[], None], iters: int, sync: Callable[[], None]
     return (t1 - t0) * 1e3 / iters, (t2 - t0) * 1e3 / iters
 
 
-def _sync_warnings(step: Callable[[], None], cuda: bool) -> int | None:
+#: PyTorch's own notice, a ``TORCH_WARN_ONCE`` of the first ``set_sync_debug_mode`` call
+#: in a process (``torch/csrc/cuda/Module.cpp``): it says "Synchronization" but reports
+#: no synchronisation. Counted as one, it made the first implementation timed (then
+#: ``gdn_det_train``) show one sync per call and the next ones none (session 7).
+SYNC_MODE_NOTICE = "synchronization debug mode is a prototype feature"
+
+
+def sync_detections(messages) -> list[str]:
+    """The messages among ``messages`` (warning texts) that report a synchronising CUDA
+    operation (``"called a synchronizing CUDA operation"``, or any other text naming a
+    synchronisation), without the sync debug mode's own one-time notice."""
+    out = []
+    for m in map(str, messages):
+        low = m.lower()
+        if "synchroniz" in low and SYNC_MODE_NOTICE not in low:
+            out.append(m)
+    return out
+
+
+def _sync_warnings(step: Callable[[], None], cuda: bool,
+                   seen: list[str] | None = None) -> int | None:
+    """Synchronisations of one ``step()`` seen by the sync debug mode (``None`` off CUDA);
+    their messages are appended to ``seen``."""
     if not cuda:
         return None
     torch.cuda.synchronize()
@@ -96,7 +122,10 @@ def _sync_warnings(step: Callable[[], None], cuda: bool) -> int | None:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
-    return sum(1 for w in caught if "synchroniz" in str(w.message).lower())
+    found = sync_detections(w.message for w in caught)
+    if seen is not None:
+        seen.extend(found)
+    return len(found)
 
 
 def _triton_launch_us(device: str, n: int = 2000) -> float | None:
@@ -161,6 +190,8 @@ def main() -> None:
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--fla-force", action="store_true")
     p.add_argument("--no-graph", action="store_true")
+    p.add_argument("--order", default="gdn_det_train,gdn_train,fla",
+                   help="the order the implementations are timed in (the rest after)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
 
@@ -185,10 +216,12 @@ def main() -> None:
         runs = [_host_loop(step, args.iters, sync) for _ in range(args.repeats)]
         with record_launches() as launches:
             step()
+        seen: list[str] = []
         row = {
             "host_ms": statistics.median(r[0] for r in runs),
             "wall_ms": statistics.median(r[1] for r in runs),
-            "sync_warnings": _sync_warnings(step, cuda),
+            "sync_warnings": _sync_warnings(step, cuda, seen),
+            "sync_messages": sorted(set(seen)),
             "launches": len(launches) if name.startswith("gdn") else None,
         }
         if cuda and name.startswith("gdn") and not args.no_graph:
@@ -198,6 +231,8 @@ def main() -> None:
               f" syncs {row['sync_warnings']}, launches {row['launches']}"
               + (f", graph replay host {row['graph_replay_host_ms']:.3f} ms"
                  if "graph_replay_host_ms" in row else ""), flush=True)
+        for m in row["sync_messages"]:
+            print(f"    sync: {m}")
     if "fla" in results:
         for name in ("gdn_det_train", "gdn_train"):
             ratio = results[name]["host_ms"] / results["fla"]["host_ms"]

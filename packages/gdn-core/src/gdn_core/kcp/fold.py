@@ -283,25 +283,38 @@ def _fold_chain_triton(E, M, out, items, prev, dst, ptr, transpose):
     )
 
 
-def _fold_chain_torch(E, M, out, items, prev, dst, ptr, transpose):
-    P, HV, K, V = E.shape
-    dev = out.device
+def _torch_levels(items, prev, dst, ptr) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """The steps of the chains level by level (the ``level``-th step of every chain
+    that long): per level ``(copy_items, copy_dst, fold_items, fold_prev, fold_dst)``."""
     lengths = [b - a for a, b in zip(ptr[:-1], ptr[1:])]
+    levels = []
     for level in range(max(lengths, default=0)):
         steps = [a + level for a, n in zip(ptr[:-1], lengths) if n > level]
         copy = [s for s in steps if prev[s] < 0]
         fold = [s for s in steps if prev[s] >= 0]
-        if copy:
-            src = torch.tensor([items[s] for s in copy], device=dev)
-            out[torch.tensor([dst[s] for s in copy], device=dev)] = E[src]
-        if fold:
-            src = torch.tensor([items[s] for s in fold], device=dev)
-            n = len(fold)
-            Ms = M[src].reshape(n * HV, K, K)
-            Ss = out[torch.tensor([prev[s] for s in fold], device=dev)].reshape(n * HV, K, V)
-            Es = E[src].reshape(n * HV, K, V)
+        levels.append((tuple(items[s] for s in copy), tuple(dst[s] for s in copy),
+                       tuple(items[s] for s in fold), tuple(prev[s] for s in fold),
+                       tuple(dst[s] for s in fold)))
+    return tuple(levels)
+
+
+def _fold_chain_torch(E, M, out, items, prev, dst, ptr, transpose):
+    P, HV, K, V = E.shape
+    levels = _torch_levels(items, prev, dst, ptr)
+    # the index tables reach the device once per chain layout (cached by value), not
+    # as a host->device copy of Python lists per level and call
+    flat = device_int_tables([t for lv in levels for t in lv], out.device, torch.int64)
+    for i, (copy_items, _, fold_items, _, _) in enumerate(levels):
+        c_src, c_dst, f_src, f_prev, f_dst = flat[5 * i: 5 * i + 5]
+        if copy_items:
+            out[c_dst] = E[c_src]
+        if fold_items:
+            n = len(fold_items)
+            Ms = M[f_src].reshape(n * HV, K, K)
+            Ss = out[f_prev].reshape(n * HV, K, V)
+            Es = E[f_src].reshape(n * HV, K, V)
             res = _fold_torch(Ms, Ss, Es, transpose).reshape(n, HV, K, V)
-            out[torch.tensor([dst[s] for s in fold], device=dev)] = res
+            out[f_dst] = res
 
 
 def fold_chain(
