@@ -24,3 +24,23 @@ def _cpu_reference_backend(monkeypatch):
     if not torch.cuda.is_available():
         monkeypatch.setenv("GDN_CORE_BACKEND", "reference")
     yield
+
+
+@pytest.fixture(scope="session")
+def kcp_package():
+    """This package, for the shared KCP suites (:mod:`gdn_core.suites`)."""
+    import gdn_det_train_kcp
+
+    return gdn_det_train_kcp
+
+
+@pytest.fixture(scope="session")
+def kcp_api(kcp_package):
+    """This package's :class:`gdn_core.kcp_frontend.KCPAPI`, for the shared KCP suites."""
+    return kcp_package.ops.API
+
+
+@pytest.fixture(scope="session")
+def kcp_agree_worker():
+    """The gloo worker script of the shared agreement suite, in this package's tests."""
+    return Path(__file__).with_name("det_kcp_agree_worker.py")

@@ -1,36 +1,3 @@
-"""causal_conv1d_kcp across ranks: a NaN or Inf in one document never reaches another
-(issue 20), whether the documents meet inside a shard or at a cut.
+"""KCP causal conv1d: a NaN or Inf in one document never reaches another (issue 20)."""
 
-Simulated worlds of 1-3 ranks: the value is planted in one document's ``x`` or
-output gradient; the gathered ``y`` and ``dx`` of every other document are
-bit for bit those of a clean run.
-"""
-
-from __future__ import annotations
-
-import gdn_train_kcp as kcp
-import pytest
-import torch
-from gdn_core.containment import NON_FINITE, check_conv_containment
-
-OFFS = [0, 5, 6, 13, 20]
-
-
-def _world_conv(world: int):
-    plan = kcp.partition_kcp(OFFS, world, boundary="even")
-    ctxs = kcp.build_simulated_contexts_kcp(plan)
-    cuts = [slice(*plan.token_range(r)) for r in range(world)]
-
-    def conv(x, w, b):
-        return torch.cat(kcp.causal_conv1d_kcp_simulated([x[:, c] for c in cuts], w, b, ctxs),
-                         1)
-
-    return conv
-
-
-@pytest.mark.parametrize("world", [1, 2, 3])
-@pytest.mark.parametrize("where", ["x", "dy"])
-@pytest.mark.parametrize("value", NON_FINITE)
-@pytest.mark.parametrize("doc", range(len(OFFS) - 1))
-def test_nonfinite_stays_in_its_document(world, where, value, doc):
-    check_conv_containment(_world_conv(world), OFFS, where, value, doc)
+from gdn_core.suites.kcp_conv_nonfinite import *  # noqa: F403 - the shared tests, on this package

@@ -9,7 +9,10 @@ imports a suite's tests::
 and its ``conftest.py`` provides the ``api`` fixture: the package's
 :class:`gdn_core.frontend.SingleRankAPI` (its public functions ``autograd``,
 ``fwd``, ``bwd``, ``conv``, its classes ``saved_cls``, ``workspace_cls``,
-``grads_cls``, ``deterministic`` and ``mode``). The suites import ``gdn_core``
+``grads_cls``, ``deterministic`` and ``mode``). The ``kcp_*`` suites serve the KCP
+twins the same way through the ``kcp_api`` (the package's
+:class:`gdn_core.kcp_frontend.KCPAPI`), ``kcp_package`` and ``kcp_agree_worker``
+fixtures. The suites import ``gdn_core``
 and ``pytest`` only, so each package's suite still runs with only that package
 and ``gdn-core`` installed. Tests whose assertions differ by mode stay in the
 packages.
