@@ -43,7 +43,7 @@ def _force_config() -> None:
         import gdn_core.ops.tilelang.fused_forward as ff
 
         ns = int(spec)
-        ff.fused_forward_config = lambda K, V, programs=0: {"stages": ns}
+        ff.fused_forward_config = lambda K, V: {"stages": ns}
 
 
 def _run_shape(T: int, docs: int, H: int, HV: int, iters: int) -> list[str]:

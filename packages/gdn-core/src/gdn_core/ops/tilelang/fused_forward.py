@@ -60,7 +60,7 @@ def supports(K: int, V: int, dtype: torch.dtype) -> bool:
     return K == 128 and V == 128 and dtype in (torch.bfloat16, torch.float16)
 
 
-def fused_forward_config(K: int, V: int, programs: int = 0) -> dict[str, int]:
+def fused_forward_config(K: int, V: int) -> dict[str, int]:
     """Pinned launch configuration: ``stages`` of the input ring."""
     return {"stages": 2}
 
@@ -330,7 +330,7 @@ def fused_chunk_fwd_tl(
             else:
                 out[3].zero_()
         return out[0], out[1], out[2], out[3]
-    cfg = fused_forward_config(K, V, programs=N * HV)
+    cfg = fused_forward_config(K, V)
     kern = _kernel(K, V, cfg["stages"], group, _DTYPES[dt], q is not None,
                    store_states, store_v_new, initial_state is not None, output_final_state)
     # the gate cumsum and beta as fp32 rows per value head (a TMA box each), padded to
