@@ -25,8 +25,11 @@ script; its figures mean nothing for the GPU.
     python benchmarks/host_overhead_gpu.py [--shape 1,1024,16,128,128] [--dtype bfloat16]
         [--iters 200] [--no-fla] [--order gdn_train,gdn_det_train] [--json out.json]
 
-fla dispatches to FlashQLA when ``flash_qla`` is importable: time fla's own kernels in a
-process without it (DESIGN §5). With Triton 3.6 on Hopper set
+fla dispatches to FlashQLA when ``flash_qla`` is importable: the ``fla`` arm sets
+``FLA_FLASH_QLA=0`` before importing fla, so it times fla's own Triton kernels (the
+issue's anchor) whatever is installed; ``--fla-dispatch`` leaves fla's dispatch on instead
+(FlashQLA when present; it needs ``g`` in fp32, so that arm gets an fp32 ``g``) and the
+output says which path ran. With Triton 3.6 on Hopper set
 ``fla.ops.common.chunk_o.TRITON_ABOVE_3_7_1 = True`` (``--fla-force``) to let it run.
 """
 
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 import warnings
@@ -62,6 +66,8 @@ def _implementations(args) -> dict[str, Callable]:
     impls = {"gdn_det_train": gdn_det_train.chunk_gated_delta_rule_det,
              "gdn_train": gdn_train.chunk_gated_delta_rule}
     if not args.no_fla:
+        if not args.fla_dispatch:
+            os.environ["FLA_FLASH_QLA"] = "0"
         try:
             import fla.ops.common.chunk_o as chunk_o
             from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_gdn
@@ -189,6 +195,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=5, help="host loops per implementation")
     p.add_argument("--no-fla", action="store_true")
     p.add_argument("--fla-force", action="store_true")
+    p.add_argument("--fla-dispatch", action="store_true",
+                   help="let fla dispatch to FlashQLA (default: FLA_FLASH_QLA=0, fla's kernels)")
     p.add_argument("--no-graph", action="store_true")
     p.add_argument("--order", default="gdn_det_train,gdn_train,fla",
                    help="the order the implementations are timed in (the rest after)")
@@ -204,11 +212,21 @@ def main() -> None:
                      "iters": args.iters, "triton_launch_us": _triton_launch_us(args.device)}
     from gdn_core.ops.registry import record_launches
 
-    for name, fn in _implementations(args).items():
-        def step(fn=fn):
-            for x in ins:
+    impls = _implementations(args)
+    if "fla" in impls:
+        results["fla_path"] = ("fla's dispatch (FlashQLA when importable)" if args.fla_dispatch
+                               else "fla's Triton kernels (FLA_FLASH_QLA=0)")
+        print(f"fla arm: {results['fla_path']}")
+    g32 = ins[3].detach().float().requires_grad_()
+    for name, fn in impls.items():
+        args_of = list(ins)
+        if name == "fla" and args.fla_dispatch:
+            args_of[3] = g32
+
+        def step(fn=fn, args_of=args_of):
+            for x in args_of:
                 x.grad = None
-            o = fn(*ins)[0]
+            o = fn(*args_of)[0]
             o.backward(do)
 
         for _ in range(args.warmup):

@@ -253,12 +253,17 @@ class TrainWorkspace(TypedWorkspace):
 class ChunkGDNFunction(torch.autograd.Function):
     """``apply(plan, workspace, q, k, v, g, beta, initial_state, A_log, dt_bias) -> (o, final)``.
 
-    ``final`` is an empty tensor when not requested. Use :func:`chunk_gdn_autograd`.
+    ``final`` is an empty tensor when not requested. The packages' public autograd
+    calls run it eagerly (:mod:`gdn_core.frontend`; their custom op under
+    ``torch.compile``); else use :func:`chunk_gdn_autograd`. The inputs are saved for
+    backward, so that autograd refuses a backward after one of them was modified in
+    place (the composition's saved set holds views of them).
     """
 
     @staticmethod
     def forward(ctx, plan, workspace, q, k, v, g, beta, initial_state, A_log, dt_bias):
         o, final, core, gate = fwd(plan, q, k, v, g, beta, initial_state, A_log, dt_bias)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, A_log, dt_bias)
         ctx.core, ctx.gate, ctx.plan, ctx.workspace = core, gate, plan, workspace
         ctx.h0_dtype = None if initial_state is None else initial_state.dtype
         ctx.set_materialize_grads(False)
@@ -268,6 +273,7 @@ class ChunkGDNFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dfinal):
+        ctx.saved_tensors  # noqa: B018 -- autograd's in-place (version) check
         core, plan = ctx.core, ctx.plan
         s = core.shapes
         if do is None:

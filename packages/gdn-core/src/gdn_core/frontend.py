@@ -11,7 +11,9 @@ are declarations, not copies::
 
 Each function is the whole host path in front of the composition: the type
 checks of the package's own classes, the plan (:func:`gdn_core.plan.make_plan`:
-every other check, once), then the custom op (autograd call, conv) or
+every other check, once), then the composition: through
+:class:`gdn_core.autograd.ChunkGDNFunction` (the autograd call, eagerly), the custom op
+(the autograd call under ``torch.compile``; the conv) or
 :func:`gdn_core.compose.fwd` / :func:`~gdn_core.compose.bwd` (split API).
 """
 
@@ -23,8 +25,8 @@ from typing import Any, TypeVar
 import torch
 
 from gdn_core import compose
-from gdn_core.autograd import TrainGrads, TrainSaved, TrainWorkspace
-from gdn_core.custom_ops import keep_alive, object_handle
+from gdn_core.autograd import ChunkGDNFunction, TrainGrads, TrainSaved, TrainWorkspace
+from gdn_core.custom_ops import object_handle
 from gdn_core.layout import VarlenLayout
 from gdn_core.plan import make_plan
 from gdn_core.train_ops import TrainOps, define_train_ops, layout_segment_size, op_plan
@@ -61,9 +63,11 @@ _AUTOGRAD_DOC = """{summary}
     of ``g > 0`` or NaN (with ``use_gate_in_kernel``: a NaN raw gate input, a
     non-finite ``A_log`` / ``dt_bias``), or of ``beta`` outside ``[0, 1]``.
 
-    Traced by ``torch.compile(fullgraph=True)`` without a graph break: it runs
+    Traced by ``torch.compile(fullgraph=True)`` without a graph break: there it runs
     the custom op ``torch.ops.{ns}.chunk_gated_delta_rule`` (see
-    :mod:`gdn_core.train_ops`; ``check_inputs=True`` reads values, so not there).
+    :mod:`gdn_core.train_ops`; ``check_inputs=True`` reads values, so not there);
+    eagerly the same composition through one ``autograd.Function`` (same bits, less
+    host time).
     """
 
 _FWD_DOC = """Forward of the split API: ``(o, final_state, saved)``.
@@ -163,39 +167,44 @@ class SingleRankAPI:
             workspace: TrainWorkspace | None = None, segment_size: int | None = None,
             check_inputs: bool = False,
         ) -> tuple[Tensor, Tensor | None]:
-            layout = ws = lay_obj = None
+            layout = lay_obj = None  # lay_obj: the layout lives through the call
             if workspace is not None:
                 require_instance(workspace, ws_cls, "workspace")
-                ws = object_handle(workspace, "workspace")
             if isinstance(cu_seqlens, VarlenLayout):
                 lay_obj, layout, cu_seqlens = cu_seqlens, cu_seqlens.handle, cu_seqlens.cu_seqlens
-            if not torch.compiler.is_compiling():  # eagerly: every check here, once
-                if layout is not None:
-                    layout_segment_size(segment_size)
-                    plan = op_plan(det, q, k, v, g, beta, initial_state, A_log, dt_bias, None,
-                                    layout, scale, output_final_state, use_qk_l2norm_in_kernel,
-                                    use_gate_in_kernel, None, segment_size)
-                else:
-                    plan = make_plan(
-                        q, k, v, g, beta, deterministic=det, scale=scale,
-                        initial_state=initial_state, output_final_state=output_final_state,
-                        cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                        use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
-                        segment_size=segment_size)
-                    cu_seqlens = plan.cu_host
-                if workspace is not None:
-                    workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
-            elif isinstance(cu_seqlens, (list, tuple)):
-                cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
+            if torch.compiler.is_compiling():  # traced: the custom op
+                ws = None if workspace is None else object_handle(workspace, "workspace")
+                if isinstance(cu_seqlens, (list, tuple)):
+                    cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
+                o, final, *_ = op(
+                    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, layout, ws,
+                    None if scale is None else float(scale), bool(output_final_state),
+                    bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), None,
+                    segment_size,
+                )
+                return o, (final if output_final_state else None)
+            # eagerly: every check here, once; then the composition through one
+            # autograd.Function (the op's Python dispatch would cost ~1 ms of host
+            # time per forward+backward, docs/performance.md; the same bits)
+            if layout is not None:
+                layout_segment_size(segment_size)
+                plan = op_plan(det, q, k, v, g, beta, initial_state, A_log, dt_bias, None,
+                               layout, scale, output_final_state, use_qk_l2norm_in_kernel,
+                               use_gate_in_kernel, None, segment_size)
+            else:
+                plan = make_plan(
+                    q, k, v, g, beta, deterministic=det, scale=scale,
+                    initial_state=initial_state, output_final_state=output_final_state,
+                    cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                    use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
+                    segment_size=segment_size)
+            del lay_obj  # the plan holds the layout's tables
+            if workspace is not None:
+                workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
             if check_bool("check_inputs", check_inputs):
                 _check_values(g, beta, use_gate_in_kernel, A_log, dt_bias)
-            o, final, *_ = op(
-                q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, layout, ws,
-                None if scale is None else float(scale), bool(output_final_state),
-                bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), None, segment_size,
-            )
-            if not torch.compiler.is_compiling():  # the backward looks the handles up
-                keep_alive(o, lay_obj, workspace)
+            o, final = ChunkGDNFunction.apply(plan, workspace, q, k, v, g, beta, initial_state,
+                                              A_log, dt_bias)
             return o, (final if output_final_state else None)
 
         self.autograd = _named(call, self.module, name, doc)

@@ -14,6 +14,8 @@ validate that shape (the state kernels and the WY backward at K ≤ 128).
 
 from __future__ import annotations
 
+import functools
+
 import triton
 
 __all__ = ["MIN_DOT_TILE", "dot_tile"]
@@ -21,6 +23,7 @@ __all__ = ["MIN_DOT_TILE", "dot_tile"]
 MIN_DOT_TILE = 64
 
 
+@functools.lru_cache(maxsize=256)  # every launcher asks on every call (host time, issue 18)
 def dot_tile(n: int, cap: int) -> int:
     """Block size for a head dimension ``n``: the next power of two, raised to
     :data:`MIN_DOT_TILE`, then capped at ``cap`` (the kernel's chosen width)."""
