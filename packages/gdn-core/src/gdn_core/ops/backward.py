@@ -11,10 +11,10 @@ Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
    ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
 3. :func:`~gdn_core.ops.dqkwg.dqkwg_bwd` — per-value-head ``dq``/``dk``
-   partials, ``dW``, per-K-block ``dG`` partials;
+   partials, ``dW``, per-K-block ``dg`` partials (already reverse-cumsummed,
+   written without cancelling terms);
 4. :func:`~gdn_core.ops.wy_bwd.wy_bwd` — WY backward (``dk``, ``dv``, ``dβ``,
-   ``dG``), the fixed-order sum of the ``dG`` partials and the reverse
-   within-chunk cumsum into ``dg``;
+   its part of ``dg``) and the fixed-order sum of the ``dg`` partials;
 5. :func:`~gdn_core.ops.group_reduce.group_reduce` — fixed-order sum of the
    ``dq``/``dk`` partials over each group of value heads;
 6. the L2-norm backward when the forward normalised q/k in the kernel.

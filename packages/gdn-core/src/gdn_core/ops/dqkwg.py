@@ -1,19 +1,25 @@
-"""Backward stage (c): dQ, dK, dW and the chunk-local dG.
+"""Backward stage (c): dQ, dK, dW and this stage's part of dg.
 
 Per chunk and value head ``hv`` (q/k head ``hv // group``), with ``S = S_c``
 (``h``), ``dS = dS_{c+1}`` (``dh``), ``V' = v_new``, ``dV'`` from the state
 recurrence, ``D_ij = exp(G_i − G_j) [i ≥ j]`` and ``dP = dO V'ᵀ``::
 
-    dQ  = scale (diag(Γ) dO Sᵀ + (dP ⊙ D) K)
-    dK  = scale (dP ⊙ D)ᵀ Q + diag(exp(G_last − G)) V' dSᵀ
-    dW  = −dV' Sᵀ
-    dG_i = q_i·dQ_i − k_i·dK_i
-           + [i = last] (exp(G_last) ⟨S, dS⟩ + Σ_j k_j·(exp(G_last − G_j) V'_j dSᵀ))
+    dQ   = dQ_state + dQ_intra = scale diag(Γ) dO Sᵀ + scale (dP ⊙ D) K
+    dK   = dK_state + dK_intra = diag(exp(G_last − G)) V' dSᵀ + scale (dP ⊙ D)ᵀ Q
+    dW   = −dV' Sᵀ
+    dg_t = Σ_{i ≥ t} q_i·dQ_state_i + exp(G_last) ⟨S, dS⟩ + Σ_{j < t} k_j·dK_state_j
+           + Σ_{i ≥ t} Σ_{j < t} Mo_ij  + (the WY part),    Mo = scale (dP ⊙ D) ⊙ Q Kᵀ
 
-(the dG identity: the output's Γ and intra-chunk decay give ``rowsum − colsum``
-of ``dP ⊙ P``, which equal ``q·dQ`` and the intra part of ``k·dK``; the state
-update gives ``−k·dK_state`` and, at the chunk's last token, their sum plus the
-``exp(G_last) S`` term.)
+(``dg = revcumsum(dL/dG)`` within the chunk. ``dL/dG_i = q_i·dQ_i − k_i·dK_i +
+[i = last](exp(G_last)⟨S, dS⟩ + Σ_j k_j·dK_state_j)``, where ``q·dQ_intra`` and
+``k·dK_intra`` are the row and column sums of ``Mo``; summed that way, the O(1)
+pairs with both tokens ``≥ t`` (the diagonal, the state term of the last token)
+cancel and leave ``ε·O(1)`` on tokens whose ``dg`` is tiny under strong decay.
+Written as above only the terms that survive enter: pairs crossing ``t``, the
+state term of the tokens before ``t``. Each K block's partial is in this final
+form; :mod:`gdn_core.ops.wy_bwd` adds them and the WY part, with no cumsum over
+them. ``k·dK_state`` joins ``Mo``'s transposed tile as the last token's row, so
+one reverse scan along rows and one masked column sum give both.)
 
 ``(dP ⊙ D)ᵀ`` is computed as its own product ``V' dOᵀ`` from operands loaded
 through swapped strides, never as ``tl.trans`` of a dot result (Triton 3.6
@@ -23,9 +29,10 @@ One program per (K block, chunk, value head), in two phases so that at most
 three fp32 ``[BT, ·]`` accumulators are live at once (all five together spilled):
 
 1. sweep V for ``dP``, ``dO Sᵀ`` and ``dV' Sᵀ``; store ``dW``, finish and store
-   ``dQ``, keep ``q·dQ`` for ``dG``;
+   ``dQ``, keep the reverse cumsum of ``q·dQ_state`` for ``dg``;
 2. sweep V again for ``dPᵀ``, ``V' dSᵀ`` and ``⟨S, dS⟩`` (``S`` re-read, from L2);
-   finish and store ``dK`` and ``dG``.
+   finish and store ``dK``; ``Moᵀ`` from ``(dP ⊙ D)ᵀ`` and one more product
+   ``K Qᵀ`` (this K block's part of ``q_i·k_j``); store ``dg``.
 
 Each sweep's loads feed the dots directly, so with ``num_stages=2`` the software
 pipeline copies them into shared memory asynchronously instead of staging them
@@ -36,8 +43,8 @@ out (``.cs``).
 ``dq``/``dk`` are per value head partials ``[T, HV, K]`` fp32 (summed over the
 group later, in a fixed order; with one value head per q/k head ``dq`` is final
 and may be a buffer of q's dtype, rounded once here); ``dg`` partials
-``[NK, T, HV]`` fp32 (summed by the WY-backward kernel in a fixed order);
-``dw [T, HV, K]`` in the input dtype. No atomics.
+``[NK, T, HV]`` fp32, in final form (summed by the WY-backward kernel in a fixed
+order); ``dw [T, HV, K]`` in the input dtype. No atomics.
 """
 
 from __future__ import annotations
@@ -52,6 +59,27 @@ from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["dqkwg_bwd", "dqkwg_config"]
+
+
+@triton.jit
+def crossing_sums(M, o_t):
+    """``c_t = Σ_{i ≥ t} Σ_{j < t} M_ij`` of a ``[BT, BT]`` tile (``o_t = arange(BT)``).
+
+    Only pairs crossing ``t`` enter: an inclusive scan along rows gives ``N_it =
+    Σ_{j ≤ t} M_ij``, a masked column sum ``c_{t+1} = Σ_{i > t} N_it``, then a shift
+    by one token (an exclusive scan formed as inclusive minus self would add
+    ``ε |M_tt|``). Scans along rows stay within a warp's lanes."""
+    N = tl.cumsum(M, axis=1)
+    c = tl.sum(tl.where(o_t[:, None] > o_t[None, :], N, 0.0), axis=0)
+    return tl.sum(tl.where(o_t[None, :] == o_t[:, None] - 1, c[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def crossing_sums_t(Mt, o_t):
+    """:func:`crossing_sums` of ``M`` given ``Mt = Mᵀ``: an inclusive reverse scan
+    along rows (``R_jt = Σ_{i ≥ t} M_ij``), then a masked column sum."""
+    R = tl.cumsum(Mt, axis=1, reverse=True)  # [j, t] = Σ_{i ≥ t} M_ij
+    return tl.sum(tl.where(o_t[:, None] < o_t[None, :], R, 0.0), axis=0)
 
 
 @triton.jit
@@ -141,11 +169,12 @@ def _dqkwg_kernel(
     m_low = (o_t[:, None] >= o_t[None, :]) & m_valid  # [i, j], i >= j
     b_ds = b_dp * tl.exp(tl.where(m_low, b_g[:, None] - b_g[None, :], float("-inf"))) * scale
     b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
+    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
     b_dq = b_dq * (tl.exp(b_g) * scale)[:, None]
+    # dg: the reverse cumsum of q·dQ_state.
+    b_dg = tl.cumsum(tl.sum(b_q.to(tl.float32) * b_dq, axis=1), axis=0, reverse=True)
     b_dq = tl.dot(b_ds.to(dt), b_k, b_dq, input_precision=DOT_PREC)
     tl.store(dq + off_hk, b_dq.to(dq.dtype.element_ty), mask=m_tk, cache_modifier=".cs")
-    b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
-    b_dg = tl.sum(b_q.to(tl.float32) * b_dq, axis=1)
 
     # Phase 2 (reads V', dO^T, dS^T, S^T): dP^T, dK_state and <S, dS>.
     b_dpt = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = V'_j . dO_i
@@ -167,17 +196,22 @@ def _dqkwg_kernel(
         b_sds += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
 
     b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
-    b_kf = b_k.to(tl.float32)
     kd = tl.where(m_t, tl.exp(g_last - b_g), 0.0)
     b_dk = b_dk * kd[:, None]
-    last_term = tl.exp(g_last) * tl.sum(b_sds, axis=0) + tl.sum(tl.sum(b_kf * b_dk, axis=1))
+    # dg: exp(G_last)⟨S, dS⟩ on every token; k_j·dK_state_j joins the pair tile
+    # below as the last token's row (so Σ_{j<t} of it enters each token).
+    b_dg += tl.exp(g_last) * tl.sum(b_sds, axis=0)
+    b_kds = tl.sum(b_k.to(tl.float32) * b_dk, axis=1)
     m_up = (o_t[:, None] <= o_t[None, :]) & m_valid  # [j, i], i >= j
     b_dst = b_dpt * tl.exp(tl.where(m_up, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
     b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
     b_dk = tl.dot(b_dst.to(dt), b_q, b_dk, input_precision=DOT_PREC)
     tl.store(dk + off_hk, b_dk, mask=m_tk, cache_modifier=".cs")
-    b_dg -= tl.sum(b_kf * b_dk, axis=1)
-    b_dg += tl.where(o_t == L - 1, last_term, 0.0)
+    # dg: the pairs crossing each token of Mo = (dP ⊙ D) scale ⊙ Q Kᵀ (this K
+    # block's part of q_i·k_j), from Moᵀ = (dP ⊙ D)ᵀ scale ⊙ K Qᵀ.
+    b_kq = tl.dot(b_k, tl.trans(b_q), input_precision=DOT_PREC)
+    b_mt = b_dst * b_kq + tl.where(o_t[None, :] == L - 1, b_kds[:, None], 0.0)
+    b_dg += crossing_sums_t(b_mt, o_t)
     tl.store(dg + (i_k * T + start + o_t) * HV + i_hv, b_dg, mask=m_t)
 
 

@@ -1,4 +1,4 @@
-"""Backward stage (d)+(e): WY backward, dG assembly and the reverse cumsum.
+"""Backward stage (d)+(e): WY backward and the dg assembly.
 
 Forward (per chunk, value head ``hv``, q/k head ``hv // group``)::
 
@@ -10,17 +10,23 @@ Given ``dW`` and ``dU`` (= ``dV'``), with ``e_ij = exp(G_i − G_j)``::
     dT = dW (diag(βΓ)K)ᵀ + dU (diag(β)V)ᵀ,    dṼ = Tᵀ dU,    dv = β ⊙ dṼ
     E'  = (−Tᵀ dT Tᵀ) ⊙ e   on the strict lower triangle   (= dA ⊙ e)
     C  = Γ ⊙ (Tᵀ dW) + E' K,     D = β ⊙ C + E'ᵀ (diag(β) K)
-    dk += D,    dβ = v·dṼ + k·C,    dG = 2β (k·C) − k·D
+    dk += D,    dβ = v·dṼ + k·C
+    dg_t += Σ_{i ≥ t} β_i Γ_i k_i·(Tᵀ dW)_i + Σ_{i ≥ t} Σ_{j < t} Mw_ij,
+            Mw = E' ⊙ diag(β) K Kᵀ  (= dA ⊙ A)
 
-(``k·(E'K)`` and ``k·(E'ᵀβK)`` are the row and column sums of ``dA ⊙ A``, so
-no ``K Kᵀ`` tile is formed.) One program per (chunk, value head), three phases
-that each keep at most two 64×64 fp32 tiles live:
+(``dL/dG_i = 2β_i k_i·C_i − k_i·D_i = β_i Γ_i k_i·(TᵀdW)_i + rowsum_i(Mw) −
+colsum_i(Mw)``; its reverse cumsum keeps only the pairs of ``Mw`` crossing ``t``,
+so no ``ε·O(1)`` of cancelled pairs is left on tokens whose ``dg`` is tiny, see
+:mod:`gdn_core.ops.dqkwg`.) One program per (chunk, value head), four phases
+that each keep at most three 64×64 fp32 tiles live:
 
 1. one pass over ``dW, K`` then ``dU, V`` in 64-column blocks accumulates
    ``dT`` and writes ``dv`` (the only pass over ``dU`` and ``V``);
-2. ``E'`` from two 64×64×64 products; ``E'ᵀ`` goes through this program's slot
-   of a global scratch (store, CTA barrier, load through swapped strides);
-3. one pass over ``K, dW`` in 64-column blocks accumulates ``C`` then ``D`` in a
+2. ``E'`` (fp32) from two 64×64×64 products;
+3. ``K Kᵀ`` over 64-column blocks of ``K``, and ``dg``'s crossing sums of ``Mw``
+   (from fp32 ``E'``); ``E'ᵀ`` goes through this program's slot of a global
+   scratch (store, CTA barrier, load through swapped strides);
+4. one pass over ``K, dW`` in 64-column blocks accumulates ``C`` then ``D`` in a
    single accumulator and updates ``dk``.
 
 Triton 3.6 on Hopper miscompiles ``tl.trans`` of a ``tl.dot`` result fed to
@@ -28,21 +34,20 @@ another dot, so no dot result is ever transposed in registers: transposed
 operands are loaded tiles (``tl.trans`` of a load is a shared-memory view) or
 come back through memory. Tile offsets are 32-bit from scalar 64-bit bases, ``T`` is
 loaded with a row-only mask (vectorised loads), and ``G`` is loaded after the ``dv``
-stores so its broadcasts are not live through phase 1: for bf16 K=V=128 with 32-column
-blocks (before the pinned 64; not re-taken since) ptxas (sm_90, Triton 3.6.0) reports
-168 registers (the pinned cap; 163 uncapped), no spills, 2424 SASS instructions and 32
-KiB of shared memory: three CTAs per SM, against 255 registers, 184 bytes of spills and
-4552 instructions (two CTAs per SM) for the previous two-orientation kernel.
+stores so its broadcasts are not live through phase 1. For bf16 K=V=128 at the pinned
+configuration ptxas (sm_90, Triton 3.6.0; ``tools/sm90_report.py bwd``) reports 168
+registers (the cap; 249 uncapped), 64 bytes of spills, 3360 SASS instructions and 48
+KiB of shared memory (before the crossing sums: 92 bytes of spills, 2712 instructions;
+with 32-column blocks, before the pinned 64: no spills, 2424 instructions, 32 KiB).
 
-The kernel then adds the per-K-block dG partials of the dQ/dK stage (in a
-fixed order), takes the reverse within-chunk cumulative sum (``dg_t =
-Σ_{s ≥ t in chunk} dG_s``, a fixed-order scan) and writes ``dg``/``dbeta`` in
-their dtypes. ``dk`` partials ``[T,HV,K]`` fp32 are updated (each element by one
-program): in place, or into ``dk_out`` in k's dtype when the caller has the whole
-sum here (one value head per q/k head). No atomics. ``num_warps=4``: fla's WY-backward kernel
-was wrong at ``num_warps=4`` on Hopper/Triton 3.6; the previous kernel of this
-module (no transposed dot results either) was checked on the H200 at num_warps
-2, 4 and 8 with identical errors against the fp32 reference.
+The kernel then adds the dQ/dK stage's per-K-block ``dg`` partials (already in final
+form, in a fixed order) and writes ``dg``/``dbeta`` in their dtypes. ``dk`` partials
+``[T,HV,K]`` fp32 are updated (each element by one program): in place, or into
+``dk_out`` in k's dtype when the caller has the whole sum here (one value head per q/k
+head). No atomics. ``num_warps=4``: fla's WY-backward kernel was wrong at
+``num_warps=4`` on Hopper/Triton 3.6; the previous kernel of this module (no
+transposed dot results either) was checked on the H200 at num_warps 2, 4 and 8 with
+identical errors against the fp32 reference.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.dqkwg import crossing_sums
 from gdn_core.ops.dv_local import dot_precision
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
@@ -152,7 +158,17 @@ def _wy_bwd_kernel(
     b_x = tl.dot(b_dT.to(dt), b_Tt, input_precision=DOT_PREC)
     b_dA = tl.dot(b_Tt, b_x.to(dt), input_precision=DOT_PREC)
     b_E = tl.where(m_low, -b_dA * tl.exp(tl.where(m_low, b_g[:, None] - b_gc[None, :], 0.0)),
-                   0.0).to(dt)
+                   0.0)
+    # dg's WY pair term: the pairs crossing each token of Mw = E' ⊙ diag(β) K Kᵀ
+    # (fp32 E', K Kᵀ accumulated over K blocks).
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_k = tl.load(k + o_t[:, None] * (H * K) + o_k[None, :],
+                      mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+        b_kk = tl.dot(b_k, tl.trans(b_k), b_kk, input_precision=DOT_PREC)
+    b_dg = crossing_sums(b_E * b_b[:, None] * b_kk, o_t)
+    b_E = b_E.to(dt)
     # E'^T through this program's slot of a global scratch: stored, a CTA barrier,
     # loaded through swapped strides (a transposed dot result is never fed to a dot).
     o_e = o_t[:, None] * BT + o_t[None, :]
@@ -161,10 +177,9 @@ def _wy_bwd_kernel(
     b_Et = tl.load(e_buf + o_t[None, :] * BT + o_t[:, None])
 
     # Pass 2 over K blocks, one accumulator:  C = Γ ⊙ T^T dW + E' K,  then
-    # D = β ⊙ C + E'^T (βK);  dk += D,  dβ += k·C,  dG += 2β k·C - k·D
-    # (k·(E'K) and k·(E'^T βK) are the row and column sums of dA ⊙ A).
+    # D = β ⊙ C + E'^T (βK);  dk += D,  dβ += k·C;  dg's row term Γ k·(T^T dW).
     b_gam = tl.where(m_t, tl.exp(b_g), 0.0)
-    b_dg = tl.zeros([BT], dtype=tl.float32)
+    b_wr = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_tk = m_t[:, None] & (o_k < K)[None, :]
@@ -172,22 +187,22 @@ def _wy_bwd_kernel(
         b_k = tl.load(k + o_t[:, None] * (H * K) + o_k[None, :], mask=m_tk, other=0.0)
         b_dw = tl.load(dw + off_tk, mask=m_tk, other=0.0).to(dt)
         b_acc = tl.dot(b_Tt, b_dw, input_precision=DOT_PREC) * b_gam[:, None]
-        b_acc = tl.dot(b_E, b_k, b_acc, input_precision=DOT_PREC)
         b_kf = b_k.to(tl.float32)
-        b_kc1 = tl.sum(b_acc * b_kf, axis=1)
+        b_wr += tl.sum(b_acc * b_kf, axis=1)
+        b_acc = tl.dot(b_E, b_k, b_acc, input_precision=DOT_PREC)
+        b_db += tl.sum(b_acc * b_kf, axis=1)
         b_kb = (b_kf * b_b[:, None]).to(dt)
         b_acc = tl.dot(b_Et, b_kb, b_acc * b_b[:, None], input_precision=DOT_PREC)
-        b_db += b_kc1
-        b_dg += 2.0 * b_b * b_kc1 - tl.sum(b_acc * b_kf, axis=1)
         b_acc += tl.load(dk + off_tk, mask=m_tk, other=0.0)
         tl.store(dk_out + off_tk, b_acc.to(dk_out.dtype.element_ty), mask=m_tk)
 
-    # dG partials of the dQ/dK stage, in a fixed order; then the reverse cumsum.
+    # dg = crossing(Mw) + revcumsum(β Γ k·(T^T dW)) + the dQ/dK stage's partials
+    # (already in that form), added in a fixed order.
+    b_dg += tl.cumsum(b_b * b_wr, axis=0, reverse=True)
     p_s = (start + o_t) * HV + i_hv
     for i in range(NKG):
         b_dg += tl.load(dg_part + i * T * HV + p_s, mask=m_t, other=0.0)
-    b_dgc = tl.cumsum(tl.where(m_t, b_dg, 0.0), axis=0, reverse=True)
-    tl.store(dg + p_s, b_dgc.to(dg.dtype.element_ty), mask=m_t)
+    tl.store(dg + p_s, b_dg.to(dg.dtype.element_ty), mask=m_t)
     tl.store(dbeta + p_s, b_db.to(dbeta.dtype.element_ty), mask=m_t)
 
 
@@ -231,7 +246,7 @@ def wy_bwd(
     in place, or — given ``dk_out`` (``[T,HV,K]``, any float dtype, e.g. k's when
     ``group == 1`` makes the partial the final ``dk``) — left as they are while
     ``dk_out`` receives the sums; ``dg_part: [NK,T,HV]`` fp32 (the dQ/dK stage's
-    dG partials).
+    ``dg`` partials, in final form: added to this stage's ``dg`` as they are).
 
     Returns ``(dk_out or dk, dv [T,HV,V] in v's dtype, dbeta [T,HV] in beta's dtype,
     dg [T,HV] in g_dtype)``. The kernel needs ``NT·HV·C·C`` elements of scratch in
