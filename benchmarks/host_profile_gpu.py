@@ -132,7 +132,21 @@ def main() -> None:
             x.grad = None
         _Empty.apply(*ins).backward(do)
 
-    arms = {"autograd fwd+bwd": autograd_step, "autograd fwd": autograd_fwd,
+    def autograd_step_one_thread():  # the backward on this thread, not autograd's device one
+        with torch.autograd.set_multithreading_enabled(False):
+            autograd_step()
+
+    import concurrent.futures
+    worker = concurrent.futures.ThreadPoolExecutor(1)
+
+    def split_bwd_on_worker():  # the split backward on another Python thread
+        _, _, saved = fwd(*plain)
+        worker.submit(bwd, saved, do).result()
+
+    arms = {"autograd fwd+bwd": autograd_step,
+            "autograd fwd+bwd, one thread": autograd_step_one_thread,
+            "split fwd, bwd on a worker": split_bwd_on_worker,
+            "autograd fwd": autograd_fwd,
             "split fwd+bwd": split_step, "floor: autograd, no kernels": floor_step,
             f"floor: {args.launches} Triton launches": _launch_floor(args.launches)}
     for fn in arms.values():
