@@ -53,7 +53,7 @@ def _gdn_modules() -> list[Any]:
     transformers module already imported that defines the GDN hook."""
     for name in GDN_MODULES:
         with contextlib.suppress(ImportError):
-            importlib.import_module(name)
+            importlib.import_module(name)  # import-check: allow-dynamic (GDN_MODULES)
     return [m for n, m in sorted(sys.modules.items())
             if n.startswith("transformers.models.") and hasattr(m, CHUNK_HOOK)]
 
