@@ -159,12 +159,15 @@ def test_check_inputs_with_the_gate(api):
         api.autograd(**args, cu_seqlens=cu, use_gate_in_kernel=True, check_inputs=True)
 
 
+RESETS = ((3, 0), (20, 1), (20 + 63, 0), (40, 1), (41, 1))  # (token, value head)
+
+
 def full_reset_case(seed=66):
-    """Inputs with ``g = -inf`` at a few tokens (one at a document start, one at a
-    chunk's last token, two in a row) and the oracle's outputs and gradients."""
+    """Inputs with ``g = -inf`` at a few tokens (:data:`RESETS`: one at a document start,
+    one at a chunk's last token, two in a row) and the oracle's outputs and gradients."""
     inputs, cu, cot = make_inputs([20, 70], H=1, HV=2, seed=seed)
     g = inputs["g"].clone()
-    for t, h in ((3, 0), (20, 1), (20 + 63, 0), (40, 1), (41, 1)):
+    for t, h in RESETS:
         g[0, t, h] = float("-inf")
     inputs["g"] = g
     return inputs, cu, cot
@@ -180,6 +183,10 @@ def check_full_reset(got: dict, want: dict) -> None:
             continue
         assert torch.isfinite(x).all(), name
         testkit.assert_close({name: x}, {name: want[name]}, rtol=2e-5)
+    # nothing depends on g at a reset token: its gradient is exactly zero, as the oracle's
+    # (the closed-form dg of the kernels; the old rowsum-minus-colsum form left ~2e-7)
+    for t, h in RESETS:
+        assert float(got["dg"][0, t, h]) == 0.0 == float(want["dg"][0, t, h]), (t, h)
 
 
 def test_minus_inf_g_is_a_full_reset(api):
