@@ -19,9 +19,12 @@ context carries every host table the rank needs (docs/context-parallel.md), so n
 forward nor backward reads a device tensor on the host. Collectives run
 inside the ops; every rank must run the compiled step, as the eager one.
 
-The forward's saved set rides in the stash of :mod:`gdn_core.custom_ops`
-under the returned token; the shard tensors it refers to are passed to the
-backward op again (saved by AOTAutograd) and put back in place.
+Eagerly, one rank's GDN call skips the op: :class:`_KCPGDNFunction` runs the same
+forward and backward bodies (:meth:`KCPOps._gdn_forward`, :meth:`KCPOps._gdn_backward`)
+and its node holds what the backward reads (the op's Python dispatch costs host time;
+the bits are the same). Through the op, the forward's saved set rides in the stash of
+:mod:`gdn_core.custom_ops` under the returned token; the shard tensors it refers to
+are passed to the backward op again (saved by AOTAutograd) and put back in place.
 
 **Static world-1 contexts** (CUDA graphs). :func:`attach_static_layout` gives
 a world-of-one context a :class:`gdn_core.layout.VarlenLayout` with fixed
@@ -185,33 +188,52 @@ class KCPOps:
 
     # ------------------------------------------------------------- GDN --
 
+    def _gdn_forward(self, q, k, v, g, beta, ctx, ws, scale, use_qk_l2norm_in_kernel, exchange,
+                     backend) -> tuple[Tensor, _GDNEntry]:
+        """One rank's forward (``ctx``, ``ws``: the context and workspace objects) →
+        ``(o, what its backward reads)``: the body of the op and of the eager call."""
+        det, types = self.deterministic, self.types
+        lay = static_layout(ctx)
+        if lay is not None:
+            if exchange not in EXCHANGES:
+                raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
+            _check_static(ctx, q, lay)
+            o, _, core = chunk_gdn_fwd(
+                q, k, v, g, beta, scale=scale, cu_seqlens=list(lay.padded_offsets),
+                use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, deterministic=det,
+                backend=backend, index=lay.index, segment_size=0,
+            )
+            return o, _GDNEntry(None, core, ws)
+        o, saved = kcp_forward(
+            q, k, v, g, beta, ctx, deterministic=det, context_cls=self.context_cls,
+            saved_cls=types["saved_cls"], scale=scale,
+            use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,
+            backend=backend,
+        )
+        return o, _GDNEntry(saved, None, ws)
+
+    def _gdn_backward(self, e: _GDNEntry, do: Tensor
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """``(dq, dk, dv, dg, dbeta)`` of a :meth:`_gdn_forward` (collectives included)."""
+        det = self.deterministic
+        with autograd_enabled():
+            if e.core is not None:
+                gr = chunk_gdn_bwd(e.core, do.contiguous(), None, deterministic=det)
+                return gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta
+            grads = kcp_backward(e.saved, do.contiguous(), e.workspace, deterministic=det,
+                                 **self.types)
+        return grads.as_tuple()
+
     def _define_gdn(self) -> None:
-        det, ctx_cls, types = self.deterministic, self.context_cls, self.types
+        ctx_cls = self.context_cls
 
         def fwd(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, context: Tensor,
                 workspace: Tensor | None, scale: float | None, use_qk_l2norm_in_kernel: bool,
                 exchange: str, backend: str | None) -> tuple[Tensor, Tensor]:
             ctx = require_instance(lookup(context, "context"), ctx_cls, "context")
             ws = lookup(workspace, "workspace") if workspace is not None else None
-            lay = static_layout(ctx)
-            if lay is not None:
-                if exchange not in EXCHANGES:
-                    raise ValueError(f"exchange must be one of {EXCHANGES}, got {exchange!r}")
-                _check_static(ctx, q, lay)
-                o, _, core = chunk_gdn_fwd(
-                    q, k, v, g, beta, scale=scale, cu_seqlens=list(lay.padded_offsets),
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, deterministic=det,
-                    backend=backend, index=lay.index, segment_size=0,
-                )
-                entry = _GDNEntry(None, core, ws)
-            else:
-                o, saved = kcp_forward(
-                    q, k, v, g, beta, ctx, deterministic=det, context_cls=ctx_cls,
-                    saved_cls=types["saved_cls"], scale=scale,
-                    use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, exchange=exchange,
-                    backend=backend,
-                )
-                entry = _GDNEntry(saved, None, ws)
+            o, entry = self._gdn_forward(q, k, v, g, beta, ctx, ws, scale,
+                                         use_qk_l2norm_in_kernel, exchange, backend)
             return o, stash_put(entry, args=(q, k, v, g, beta), outs=(o,))
 
         def fwd_fake(q, k, v, g, beta, context, workspace, scale, use_qk_l2norm_in_kernel,
@@ -220,14 +242,7 @@ class KCPOps:
 
         def bwd(do: Tensor, token: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor,
                 beta: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-            e = stash_get(token, (q, k, v, g, beta))
-            with autograd_enabled():
-                if e.core is not None:
-                    gr = chunk_gdn_bwd(e.core, do.contiguous(), None, deterministic=det)
-                    return gr.dq, gr.dk, gr.dv, gr.dg, gr.dbeta
-                grads = kcp_backward(e.saved, do.contiguous(), e.workspace, deterministic=det,
-                                     **types)
-            return grads.as_tuple()
+            return self._gdn_backward(stash_get(token, (q, k, v, g, beta)), do)
 
         def bwd_fake(do, token, q, k, v, g, beta):
             return _like(q), _like(k), _like(v), _like(g), _like(beta)
@@ -428,7 +443,16 @@ class KCPOps:
     def chunk_gated_delta_rule(self, q, k, v, g, beta, context, *, scale=None,
                                use_qk_l2norm_in_kernel=False, exchange="allgather",
                                backend=None, workspace=None) -> Tensor:
-        """One rank's differentiable KCP GDN through the ops → ``o``."""
+        """One rank's differentiable KCP GDN → ``o``: eagerly through
+        :class:`_KCPGDNFunction` (the op's Python dispatch costs host time; the same
+        bits), under ``torch.compile`` through the op."""
+        if not is_compiling():
+            require_instance(context, self.context_cls, "context")
+            if workspace is not None:
+                require_instance(workspace, self.workspace_cls, "workspace")
+            return _KCPGDNFunction.apply(
+                self, context, workspace, None if scale is None else float(scale),
+                bool(use_qk_l2norm_in_kernel), exchange, backend, q, k, v, g, beta)
         h = self._context_handle(context)
         ws = self._workspace_handle(workspace)
         o, _ = self.gdn(q, k, v, g, beta, h, ws, None if scale is None else float(scale),
@@ -466,6 +490,28 @@ class KCPOps:
         if not isinstance(contexts, (list, tuple)) or not contexts:
             raise ValueError("contexts must be a non-empty list of one context per rank")
         return len(contexts)
+
+
+class _KCPGDNFunction(torch.autograd.Function):
+    """The eager form of ``ns::kcp_chunk_gated_delta_rule``: the same forward and
+    backward bodies (:meth:`KCPOps._gdn_forward`, :meth:`KCPOps._gdn_backward`), what the
+    backward reads held by the node instead of the stash; the shards are saved for
+    autograd's in-place check."""
+
+    @staticmethod
+    def forward(ctx, ops, context, workspace, scale, l2, exchange, backend, q, k, v, g, beta):
+        o, entry = ops._gdn_forward(q, k, v, g, beta, context, workspace, scale, l2, exchange,
+                                    backend)
+        ctx.save_for_backward(q, k, v, g, beta)
+        ctx.ops, ctx.entry = ops, entry
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, g, beta = ctx.saved_tensors  # autograd's in-place (version) check
+        if do is None:
+            do = torch.zeros_like(v)
+        return (None,) * 7 + tuple(ctx.ops._gdn_backward(ctx.entry, do))
 
 
 def _list(xs, W: int, name: str) -> list:

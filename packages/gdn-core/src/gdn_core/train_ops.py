@@ -38,7 +38,7 @@ import torch
 
 from gdn_core.compose import bwd, fwd
 from gdn_core.conv1d import causal_conv1d_bwd, causal_conv1d_fwd, validate_conv1d_inputs
-from gdn_core.custom_ops import autograd_enabled, define_op, keep_alive, lookup
+from gdn_core.custom_ops import autograd_enabled, define_op, lookup
 from gdn_core.layout import VarlenLayout
 from gdn_core.ops.wy import inverse_for_backward
 from gdn_core.plan import GDNPlan, make_plan, resolve_backend, saved_state_rows
@@ -352,20 +352,49 @@ class TrainOps:
 
     def causal_conv1d(self, x, weight, bias=None, activation="silu", cu_seqlens=None,
                       halo=None) -> Tensor:
-        """Differentiable causal depthwise conv1d through the ops (see :mod:`gdn_core.conv1d`)."""
-        layout = lay_obj = None
-        if isinstance(cu_seqlens, VarlenLayout):
-            lay_obj, layout, cu_seqlens = cu_seqlens, cu_seqlens.handle, None
-            if not torch.compiler.is_compiling():
+        """Differentiable causal depthwise conv1d (see :mod:`gdn_core.conv1d`): eagerly
+        through :class:`_ConvFunction`, under ``torch.compile`` through the op (the same
+        bodies, the same bits)."""
+        if not torch.compiler.is_compiling():
+            doc_pos = offsets = None
+            if isinstance(cu_seqlens, VarlenLayout):
                 validate_conv1d_inputs(x, weight, bias, activation, None, halo)
-        elif not torch.compiler.is_compiling():
-            offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
-            if offsets is not None:
-                cu_seqlens = torch.tensor(offsets, dtype=torch.int64)
+                if cu_seqlens.total_tokens != x.shape[1]:
+                    raise ValueError(f"the layout covers T={cu_seqlens.total_tokens} tokens, "
+                                     f"the inputs hold {x.shape[1]}")
+                doc_pos = cu_seqlens.doc_pos
+            else:
+                offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
+            return _ConvFunction.apply(self.deterministic, activation, offsets, doc_pos, x,
+                                       weight, bias, halo)
+        layout = None
+        if isinstance(cu_seqlens, VarlenLayout):
+            layout, cu_seqlens = cu_seqlens.handle, None
         elif isinstance(cu_seqlens, (list, tuple)):
             cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
-        y = self.conv(x, weight, bias, halo, cu_seqlens, layout, activation)
-        return y if torch.compiler.is_compiling() else keep_alive(y, lay_obj)
+        return self.conv(x, weight, bias, halo, cu_seqlens, layout, activation)
+
+
+class _ConvFunction(torch.autograd.Function):
+    """The eager form of ``ns::causal_conv1d``: the same forward and backward
+    (:func:`~gdn_core.conv1d.causal_conv1d_fwd` / ``_bwd``) without the op's dispatch;
+    the inputs are saved for autograd's in-place check."""
+
+    @staticmethod
+    def forward(ctx, deterministic, activation, offsets, doc_pos, x, weight, bias, halo):
+        ctx.save_for_backward(x, weight, bias, halo)
+        ctx.args = (deterministic, activation, offsets, doc_pos)
+        return causal_conv1d_fwd(x, weight, bias, activation, offsets, halo,
+                                 deterministic=deterministic, doc_pos=doc_pos)
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight, bias, halo = ctx.saved_tensors
+        deterministic, activation, offsets, doc_pos = ctx.args
+        dx, dw, db, dhalo = causal_conv1d_bwd(x, weight, bias, dy.contiguous(), activation,
+                                              offsets, halo, deterministic=deterministic,
+                                              doc_pos=doc_pos)
+        return None, None, None, None, dx, dw, db, dhalo
 
 
 _DEFINED: dict[str, TrainOps] = {}
