@@ -25,6 +25,7 @@ import argparse
 import cProfile
 import importlib
 import io
+import os
 import pstats
 import statistics
 import time
@@ -105,7 +106,14 @@ def main() -> None:
     p.add_argument("--package", default="gdn_det_train")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--launches", type=int, default=10, help="our launches per fwd+bwd")
+    p.add_argument("--one-core", type=int, default=None, metavar="CPU",
+                   help="pin the process (every thread, autograd's device thread included) "
+                        "to this CPU: whether the device thread's cost is cache migration")
     args = p.parse_args()
+    if args.one_core is not None:
+        os.sched_setaffinity(0, {args.one_core})
+        torch.set_num_threads(1)
+        print(f"pinned to CPU {args.one_core}")
     B, T, H, K, V = (int(x) for x in args.shape.split(","))
     ins, do = _inputs(B, T, H, K, V, getattr(torch, args.dtype), "cuda")
     pkg = importlib.import_module(args.package)
