@@ -107,8 +107,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--launches", type=int, default=10, help="our launches per fwd+bwd")
     p.add_argument("--one-core", type=int, default=None, metavar="CPU",
-                   help="pin the process (every thread, autograd's device thread included) "
-                        "to this CPU: whether the device thread's cost is cache migration")
+                   help="pin this thread and the ones started after it (autograd's device "
+                        "thread) to this CPU: is the device thread's cost cache migration?")
     args = p.parse_args()
     if args.one_core is not None:
         os.sched_setaffinity(0, {args.one_core})
