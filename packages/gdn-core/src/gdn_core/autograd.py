@@ -12,7 +12,6 @@ bases of their saved sets, workspaces and gradients.
 from __future__ import annotations
 
 import math
-import weakref
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,7 +22,7 @@ from gdn_core.compose import bwd, fwd
 from gdn_core.custom_ops import register_handle
 from gdn_core.plan import make_plan, resolve_backend
 from gdn_core.saved import GateSaved, GDNSaved
-from gdn_core.typed import TypedSaved, TypedWorkspace
+from gdn_core.typed import TypedSaved, TypedWorkspace, input_versions, modified_input_error
 from gdn_core.validation import GDNShapes, check_bool, check_input_values
 
 __all__ = [
@@ -60,22 +59,16 @@ class TrainSaved(TypedSaved):
         self.gate = gate
         # the forward's inputs (weakly: the saved set holds what the backward reads) and
         # their version counters, for check_unmodified
-        self._versions = tuple((name, weakref.ref(t), t._version)
-                               for name, t in (inputs or {}).items() if t is not None)
+        self._versions = input_versions(inputs or {})
 
     def check_unmodified(self, forward: str = "the forward") -> None:
         """Raise ``ValueError`` if an input of the forward that made this saved set was
         modified in place since (its version counter moved, as autograd checks): the
         backward would compute the gradients of other values. An input freed since
         cannot be checked (and cannot be modified any more)."""
-        for name, ref, version in self._versions:
-            t = ref()
-            if t is not None and t._version != version:
-                raise ValueError(
-                    f"{name} was modified in place after {forward} (its version counter "
-                    f"went from {version} to {t._version}): the saved set no longer matches "
-                    f"it, so the backward refuses it, as autograd does; run the forward again "
-                    f"or modify a copy")
+        message = modified_input_error(self._versions, forward)
+        if message is not None:
+            raise ValueError(message)
 
     @property
     def shapes(self) -> GDNShapes:

@@ -29,6 +29,7 @@ from gdn_core.kcp.compose import (
 from gdn_core.kcp.context import build_context, build_simulated_contexts
 from gdn_core.kcp.plan import DEFAULT_DOC_SLACK, partition
 from gdn_core.kcp_ops import KCPOps, attach_static_layout, define_kcp_ops, rebind_static_context
+from gdn_core.validation import check_bool
 
 __all__ = ["KCPAPI"]
 
@@ -112,8 +113,13 @@ _DOCS = {
 
     Raises ``ValueError`` — before any communication — when ``saved`` is not a
     :class:`{saved}` (e.g. the {other_mode} package's), when
-    ``workspace`` is not a fitting :class:`{workspace}`, or when ``do``
-    does not match the rank's output.
+    ``workspace`` is not a fitting :class:`{workspace}`, when ``do``
+    does not match the rank's output, or when an input of the forward (q, k, v, g,
+    beta) was modified in place since (its version counter moved, as autograd checks).
+    That last check is this rank's own: its peers, already in the backward's exchange,
+    would wait for it until the process group's timeout. ``check_inputs=True`` makes
+    the ranks agree on it first (one small all-gather per call; over NCCL a host
+    synchronisation), so that every rank raises ``ValueError`` at once.
     """,
     "autograd": """Differentiable {mode_}KCP GDN on this rank's shard → ``o [1,T,HV,V]``.
 
@@ -128,7 +134,11 @@ _DOCS = {
     ``contexts`` from :func:`~{module}.{build_simulated_contexts}`;
     ``qs[r]`` etc. rank ``r``'s shard.{same_bits_sentence}
     """,
-    "bwd_simulated": """Every rank's backward of a simulated world → ``[{grads}]``.""",
+    "bwd_simulated": """Every rank's backward of a simulated world → ``[{grads}]``.
+
+    Raises ``ValueError`` before any rank's work when a rank's saved set does not fit
+    (as the split backward checks it), its inputs modified in place since included.
+    """,
     "autograd_simulated": """Differentiable simulated world: every rank's shard in one
     process → ``[o]``.""",
     "conv": """Causal depthwise conv1d of this rank's shard ``x [1,T,D]`` → ``y [1,T,D]``.
@@ -295,10 +305,13 @@ class KCPAPI:
         return fn
 
     def _make_bwd(self) -> Callable[..., Any]:
-        det, types = self.deterministic, self._types()
+        det, types, fwd = self.deterministic, self._types(), self.name("fwd")
 
-        def fn(saved: Any, do: Tensor, workspace: Any = None) -> Any:
-            return kcp_backward(saved, do, workspace, deterministic=det, **types)
+        def fn(saved: Any, do: Tensor, workspace: Any = None, *,
+               check_inputs: bool = False) -> Any:
+            return kcp_backward(saved, do, workspace, deterministic=det,
+                                unmodified=(fwd, check_bool("check_inputs", check_inputs)),
+                                **types)
 
         return fn
 
@@ -338,10 +351,11 @@ class KCPAPI:
         return fn
 
     def _make_bwd_simulated(self) -> Callable[..., Any]:
-        det, types = self.deterministic, self._types()
+        det, types, fwd = self.deterministic, self._types(), self.name("fwd_simulated")
 
         def fn(saveds, dos, workspaces=None) -> list[Any]:
-            return kcp_backward_simulated(saveds, dos, workspaces, deterministic=det, **types)
+            return kcp_backward_simulated(saveds, dos, workspaces, deterministic=det,
+                                          unmodified=fwd, **types)
 
         return fn
 

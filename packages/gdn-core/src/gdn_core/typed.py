@@ -22,6 +22,7 @@ purpose: all four GDN training packages build on it.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar
 
@@ -35,8 +36,10 @@ __all__ = [
     "ModeTyped",
     "TypedSaved",
     "TypedWorkspace",
+    "input_versions",
     "mode_name",
     "mode_of",
+    "modified_input_error",
     "qualified_name",
     "require_instance",
 ]
@@ -115,6 +118,28 @@ def require_instance(obj: T | object, expected_cls: type[T], argname: str) -> T:
     if got_mode is not None:
         got += f" ({got_mode})"
     raise ValueError(f"{argname} must be a {expected}, got {got}")
+
+
+def input_versions(inputs: dict[str, torch.Tensor | None]) -> tuple:
+    """``(name, weak reference, version counter)`` of each tensor of ``inputs``: what a
+    saved set keeps so that its backward can refuse inputs modified in place since
+    (:func:`modified_input_error`); weakly, so that it keeps no input alive."""
+    return tuple((name, weakref.ref(t), t._version)
+                 for name, t in inputs.items() if t is not None)
+
+
+def modified_input_error(versions: tuple, forward: str = "the forward") -> str | None:
+    """The message for the first input of ``versions`` (:func:`input_versions`) whose
+    version counter moved since — it was modified in place after ``forward`` — or
+    ``None``. An input freed since cannot be checked (and cannot be modified any more)."""
+    for name, ref, version in versions:
+        t = ref()
+        if t is not None and t._version != version:
+            return (f"{name} was modified in place after {forward} (its version counter "
+                    f"went from {version} to {t._version}): the saved set no longer matches "
+                    f"it, so the backward refuses it, as autograd does; run the forward again "
+                    f"or modify a copy")
+    return None
 
 
 class TypedSaved(ModeTyped):

@@ -32,7 +32,9 @@ the calls of a training step after the first cost no collective. (Not covered: a
 rank repeating an agreed signature while a peer makes a new one — the first skips
 the check its peer waits in.) With ``check_inputs=True`` that record is gathered on
 every call and carries the rank's own value check, so one rank's bad value stops
-every rank.
+every rank. The split API's backward with ``check_inputs=True`` gathers a third record
+(:func:`make_backward_record`: whether this rank's forward inputs were modified in place
+since), so that such a rank stops every rank before the backward's first exchange.
 """
 
 from __future__ import annotations
@@ -43,8 +45,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["CALL_FIELDS", "FIELDS", "RunSpec", "agreement_error", "call_agreement_error",
-           "call_signature", "exchange_records", "make_call_record", "make_record"]
+__all__ = ["CALL_FIELDS", "FIELDS", "RunSpec", "agreement_error", "backward_agreement_error",
+           "call_agreement_error", "call_signature", "exchange_records",
+           "make_backward_record", "make_call_record", "make_record"]
 
 _FORMAT = 0x47444E4B43500001  # "GDNKCP" + record format 1
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32, torch.float64)
@@ -241,3 +244,24 @@ def call_agreement_error(records: list[list[int]]) -> str | None:
         return None
     return ("KCP ranks disagree on a GDN call (undeclared at context build; checked at the "
             "first call with these arguments):\n  " + "\n  ".join(lines))
+
+
+_BWD_FORMAT = 0x47444E4B43500201  # "GDNKCP" + backward record format 1
+
+
+def make_backward_record(local_error: bool) -> list[int]:
+    """This rank's record of one split-API backward: ``[format, local_error]``
+    (``local_error``: an input of its forward was modified in place since)."""
+    return [_BWD_FORMAT, int(local_error)]
+
+
+def backward_agreement_error(records: list[list[int]]) -> str | None:
+    """The message every rank raises for these gathered backward records, or ``None``."""
+    if any(r[0] != _BWD_FORMAT for r in records):
+        return ("KCP GDN backward: the ranks are not all in the same call (another "
+                "collective, or another gdn_core version, met this backward's check)")
+    failed = [g for g, r in enumerate(records) if r[1]]
+    if failed:
+        return (f"KCP GDN backward: inputs of the forward were modified in place on ranks "
+                f"{failed} of {len(records)} (see their errors); every rank stops here")
+    return None

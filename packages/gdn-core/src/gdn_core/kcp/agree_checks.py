@@ -83,6 +83,22 @@ def _call(api, sfx: str, ctx, exchange: str, *, HV: int = 2, dtype=torch.float32
                                                 check_inputs=check_inputs)
 
 
+def _modified_backward(api, sfx: str, ctx, rank: int, *, modify: bool) -> None:
+    """A split forward, then — on rank 1 with ``modify`` — ``v`` modified in place, then
+    the backward with ``check_inputs=True`` (the ranks agree on the in-place check)."""
+    det = "_det" if sfx == "_det_kcp" else ""
+    n = ctx.num_tokens
+    gen = torch.Generator().manual_seed(11 + rank)
+    q = torch.randn(1, n, 1, 16, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(1, n, 1, 16, generator=gen), dim=-1)
+    v, g = torch.randn(1, n, 2, 16, generator=gen), -torch.rand(1, n, 2, generator=gen)
+    b = torch.rand(1, n, 2, generator=gen)
+    o, saved = getattr(api, f"chunk_gdn{det}_fwd_kcp")(q, k, v, g, b, ctx)
+    if modify and rank == 1:
+        v.mul_(2.0)
+    getattr(api, f"chunk_gdn{det}_bwd_kcp")(saved, torch.ones_like(o), check_inputs=True)
+
+
 def _undeclared_calls(rank: int) -> dict[str, dict[str, Any]]:
     """Per scenario: this rank's call on a context built without a declaration (rank 1
     differs from rank 0): the first call of a signature is agreed on by every rank."""
@@ -119,6 +135,8 @@ def run_scenarios(api: Any, rank: int) -> dict:
         out[name] = _outcome(lambda kw=kw: _call(api, sfx, free, kw.pop("exchange", "allgather"),
                                                  **kw))
     out["agreed_calls"] = len(free.agreed_calls)
+    for name, modify in (("bwd_unmodified", False), ("bwd_modified", True)):
+        out[name] = _outcome(lambda m=modify: _modified_backward(api, sfx, free, rank, modify=m))
     dist.barrier()
     return out
 
@@ -148,6 +166,45 @@ def check_one_rank_failed(outcomes: list[dict], name: str, own: str) -> None:
     assert mine is not None and mine[0] == "ValueError" and own in mine[1], mine
     assert peer is not None and peer[0] == "ValueError" and "ranks [1]" in peer[1], peer
     assert all(o[name]["seconds"] < MAX_SECONDS for o in outcomes), outcomes
+
+
+def check_backward_in_place(outcomes: list[dict]) -> None:
+    """The split backward with ``check_inputs=True``: unmodified inputs run on both ranks;
+    ``v`` modified in place on rank 1 stops both — rank 1 with its own ``ValueError``,
+    rank 0 with one naming rank 1 — within seconds, before the backward's exchange."""
+    for o in outcomes:
+        assert o["bwd_unmodified"]["error"] is None, o["bwd_unmodified"]
+    check_one_rank_failed(outcomes, "bwd_modified", "v was modified in place")
+
+
+def check_split_backward_in_place(api: Any) -> None:
+    """A world of one and a simulated world of two: the split backward refuses a saved
+    set whose forward input was modified in place since (``ValueError`` naming it),
+    with or without ``check_inputs``; an unmodified one runs."""
+    import pytest
+
+    sfx = _suffix(api)
+    plan = _fn(api, sfx, "partition{sfx}")([0, 40, 70], 1)
+    ctx = _fn(api, sfx, "build_context{sfx}")(plan, 0)
+    fwd, bwd = _fn(api, sfx, "chunk_gdn{det}_fwd_kcp"), _fn(api, sfx, "chunk_gdn{det}_bwd_kcp")
+    q = torch.randn(1, 70, 1, 16)
+    k = torch.nn.functional.normalize(torch.randn(1, 70, 1, 16), dim=-1)
+    v, g, b = torch.randn(1, 70, 2, 16), -torch.rand(1, 70, 2), torch.rand(1, 70, 2)
+    o, saved = fwd(q, k, v, g, b, ctx)
+    bwd(saved, torch.ones_like(o))
+    for check_inputs in (False, True):
+        o, saved = fwd(q, k, v, g, b, ctx)
+        g.sub_(0.1)
+        with pytest.raises(ValueError, match="g was modified in place after chunk_gdn"):
+            bwd(saved, torch.ones_like(o), check_inputs=check_inputs)
+    with pytest.raises(TypeError, match="check_inputs must be a bool"):
+        bwd(saved, torch.ones_like(o), check_inputs="yes")
+    ctxs, ins = _sim_world(api, sfx, (torch.float32,) * 2, (2, 2))
+    os_, saveds = _fn(api, sfx, "chunk_gdn{det}_fwd_kcp_simulated")(*ins, ctxs)
+    ins[2][1].mul_(2.0)  # rank 1's v
+    with pytest.raises(ValueError, match="v was modified in place after chunk_gdn"):
+        _fn(api, sfx, "chunk_gdn{det}_bwd_kcp_simulated")(
+            saveds, [torch.ones_like(o) for o in os_])
 
 
 def check_calls(outcomes: list[dict]) -> None:

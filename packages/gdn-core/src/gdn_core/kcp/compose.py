@@ -75,20 +75,30 @@ import torch
 
 from gdn_core.compose import GDNGrads, GDNSaved, chunk_gdn_bwd, chunk_gdn_fwd, resolve_backend
 from gdn_core.kcp.agree import (
+    backward_agreement_error,
     call_agreement_error,
     call_signature,
     exchange_records,
+    make_backward_record,
     make_call_record,
 )
 from gdn_core.kcp.context import KCPContext, seg_exchange_rows
 from gdn_core.kcp.exchange import AllGather, RingPass, drive, drive_simulated
 from gdn_core.kcp.fold import fold_step
 from gdn_core.kcp.summary import fragment_summary, state_dtype
-from gdn_core.typed import ModeTyped, TypedSaved, TypedWorkspace, require_instance
+from gdn_core.typed import (
+    ModeTyped,
+    TypedSaved,
+    TypedWorkspace,
+    input_versions,
+    modified_input_error,
+    require_instance,
+)
 from gdn_core.validation import GDNShapes, check_bool, check_input_values, validate_gdn_inputs
 
 __all__ = [
     "EXCHANGES",
+    "check_unmodified",
     "KCPGradsBase",
     "KCPSavedBase",
     "KCPWorkspaceBase",
@@ -120,6 +130,8 @@ class KCPSavedBase(TypedSaved):
             from the forward's all-gather (``"allgather"`` only; ``None`` when
             the chain has none).
         input_meta: ``(shape, dtype)`` of q, k, v, g, beta.
+        input_versions: their version counters at the forward
+            (:func:`gdn_core.typed.input_versions`), for the split API's in-place check.
     """
 
     context: KCPContext
@@ -132,6 +144,7 @@ class KCPSavedBase(TypedSaved):
     chain_M: torch.Tensor | None
     input_meta: tuple
     state_dtype: torch.dtype
+    input_versions: tuple = ()
 
     @property
     def device(self) -> torch.device:
@@ -290,6 +303,7 @@ def _segment_forward_steps(a: _FwdArgs):
     saved = a.saved_cls(
         context=ctx, exchange=a.exchange, backend=a.backend, shapes=s, inner=inner,
         S_in=None, M=None, chain_M=None, input_meta=meta, state_dtype=sd,
+        input_versions=_versions(a),
     )
     return o, saved
 
@@ -365,9 +379,13 @@ def _forward_steps(a: _FwdArgs):
         context=ctx, exchange=a.exchange, backend=a.backend, shapes=s, inner=inner,
         S_in=S_in, M=M if a.exchange == "ring" else None,
         chain_M=chain_M,
-        input_meta=meta, state_dtype=sd,
+        input_meta=meta, state_dtype=sd, input_versions=_versions(a),
     )
     return o, saved
+
+
+def _versions(a: _FwdArgs) -> tuple:
+    return input_versions(dict(q=a.q, k=a.k, v=a.v, g=a.g, beta=a.beta))
 
 
 def _values_error(a: _FwdArgs) -> str | None:
@@ -520,6 +538,25 @@ def _prepare_backward(saved, do, workspace, *, deterministic, saved_cls, workspa
     if do.device != saved.device:
         raise ValueError(f"do is on {do.device}, the forward ran on {saved.device}")
     return _BwdArgs(saved, do, workspace, deterministic, grads_cls)
+
+
+def check_unmodified(saved, forward: str, *, agree: bool) -> None:
+    """The split API's in-place check of one rank's saved set: ``ValueError`` when an
+    input of ``forward`` was modified in place since. With ``agree`` and a process
+    group of several ranks, the ranks first exchange their outcomes (one small
+    all-gather; on NCCL a host synchronisation) and every rank raises; without it only
+    the modified rank does."""
+    message = modified_input_error(saved.input_versions, forward)
+    ctx = saved.context
+    if agree and not ctx.simulated and ctx.group is not None and ctx.world_size > 1:
+        from gdn_core.kcp.context import _comm_device
+
+        records = exchange_records(make_backward_record(message is not None), ctx.group,
+                                   _comm_device(ctx.group))
+        if message is None:
+            message = backward_agreement_error(records)
+    if message is not None:
+        raise ValueError(message)
 
 
 def _first_fragment_dh0(inner: GDNSaved, do: torch.Tensor, L1: int, S_in: torch.Tensor,
@@ -716,17 +753,25 @@ def _backward_steps(a: _BwdArgs):
 
 
 def kcp_backward(saved, do, workspace=None, *, deterministic: bool, saved_cls: type,
-                 workspace_cls: type, grads_cls: type):
-    """One rank's KCP backward over its context's process group → ``grads_cls``."""
+                 workspace_cls: type, grads_cls: type,
+                 unmodified: tuple[str, bool] | None = None):
+    """One rank's KCP backward over its context's process group → ``grads_cls``.
+
+    ``unmodified``: ``(the forward's name, agree)`` — the split API's in-place check
+    (:func:`check_unmodified`); ``None`` where autograd checks the inputs itself."""
     a = _prepare_backward(saved, do, workspace, deterministic=deterministic,
                           saved_cls=saved_cls, workspace_cls=workspace_cls,
                           grads_cls=grads_cls)
+    if unmodified is not None:
+        check_unmodified(a.saved, unmodified[0], agree=unmodified[1])
     return drive(_backward_steps(a), a.saved.context.executor())
 
 
 def kcp_backward_simulated(saveds, dos, workspaces=None, *, deterministic: bool,
-                           saved_cls: type, workspace_cls: type, grads_cls: type):
-    """Every rank's KCP backward of a simulated world → ``[grads]``."""
+                           saved_cls: type, workspace_cls: type, grads_cls: type,
+                           unmodified: str | None = None):
+    """Every rank's KCP backward of a simulated world → ``[grads]`` (``unmodified``: the
+    forward's name, for the split API's in-place check of every rank's saved set)."""
     if not isinstance(saveds, (list, tuple)) or not saveds:
         raise ValueError("saveds must be a non-empty list of one saved set per rank")
     W = len(saveds)
@@ -738,4 +783,7 @@ def kcp_backward_simulated(saveds, dos, workspaces=None, *, deterministic: bool,
                               saved_cls=saved_cls, workspace_cls=workspace_cls,
                               grads_cls=grads_cls) for r in range(W)]
     _check_world([a.saved.context for a in args], type(args[0].saved.context))
+    if unmodified is not None:
+        for a in args:
+            check_unmodified(a.saved, unmodified, agree=False)
     return drive_simulated([_backward_steps(a) for a in args])

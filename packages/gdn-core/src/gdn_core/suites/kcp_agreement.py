@@ -3,11 +3,12 @@
 A real gloo world of two runs :mod:`gdn_core.kcp.agree_checks` (the package's agree
 worker): context builds whose arguments differ between the ranks in one respect each
 (world size, rank, boundary, declared heads, head dimensions, dtype, exchange, conv
-width), a bad argument or an unusable device on one rank, and a declared context's
-calls. Simulated worlds: ranks whose tensors disagree raise ``ValueError``, and
-declared contexts hold their calls to the declaration. Run on a KCP package by its
-test module (``from … import *``) with its ``kcp_package`` (the imported package)
-and ``kcp_agree_worker`` (the worker script's path) fixtures.
+width), a bad argument or an unusable device on one rank, a declared context's
+calls, and a split backward whose inputs one rank modified in place. Simulated
+worlds: ranks whose tensors disagree raise ``ValueError``, and declared contexts hold
+their calls to the declaration. Run on a KCP package by its test module
+(``from … import *``) with its ``kcp_package`` (the imported package) and
+``kcp_agree_worker`` (the worker script's path) fixtures.
 """
 
 from __future__ import annotations
@@ -63,3 +64,11 @@ def test_undeclared_calls_are_agreed_on_at_the_first_call(outcomes):
 
 def test_check_inputs(kcp_package):
     checks.check_inputs_checked(kcp_package)
+
+
+def test_inputs_modified_in_place_stop_every_rank(outcomes):
+    checks.check_backward_in_place(outcomes)
+
+
+def test_split_backward_refuses_inputs_modified_in_place(kcp_package):
+    checks.check_split_backward_in_place(kcp_package)
