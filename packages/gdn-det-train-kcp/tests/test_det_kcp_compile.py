@@ -1,166 +1,26 @@
-"""torch.compile(fullgraph=True) of a small KCP GDN block (conv → GDN → projection).
-
-The package's differentiable calls route through its custom ops
-(``torch.ops.gdn_det_train_kcp.kcp_*``); a context enters the graph as its
-handle tensor, so a new plan's context reuses the compiled graph. Checked on
-the CPU reference backend: worlds of one, simulated worlds and a gloo world
-of two give eager's bits without a graph break; static (CUDA-graph) contexts
-give the ordinary path's bits across layouts, also on the Triton interpreter.
-"""
+"""torch.compile(fullgraph=True) of a small KCP GDN block: the shared suite
+(:mod:`gdn_core.suites.kcp_compile`) on this package, and its static contexts on the
+Triton interpreter (the code is gdn_core's: run here once)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-import gdn_det_train_kcp as kcp
-import pytest
-import torch
-from gdn_core.kcp.testing import run_gloo_world
-from torch._dynamo.utils import counters
-
-COMMON = Path(__file__).with_name("kcp_compile_common.py")
-_spec = importlib.util.spec_from_file_location("kcp_compile_common", COMMON)
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
-
-T = 192
-LAYOUTS = ([0, 10, 130, 192], [0, 64, 65, 192], [0, 192])
-
-
-@pytest.fixture(autouse=True)
-def _fresh():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    torch.use_deterministic_algorithms(before)
-
-
-def _equal(got, want):
-    return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
-def _no_graph_breaks():
-    assert not counters["graph_break"], dict(counters["graph_break"])
-
-
-def test_world_of_one_compiled_is_eager_bitwise_one_graph(exchange="allgather"):
-    compiled = torch.compile(C.rank_block, fullgraph=True, backend="aot_eager")
-    params = C.make_params(T, seed=1)
-    for offs in LAYOUTS:
-        plan = kcp.partition_det_kcp(offs, 1)
-        ctx = kcp.build_context_det_kcp(plan, 0, conv_kernel_size=C.W)
-        got = C.rank_step(compiled, params, plan, 0, ctx, exchange)
-        want = C.rank_step(C.rank_block, params, plan, 0, ctx, exchange)
-        assert _equal(got, want), offs
-    _no_graph_breaks()
-    assert counters["stats"]["unique_graphs"] == 1  # no recompilation per context
-
-
-@pytest.mark.parametrize("exchange", ["allgather", "ring"])
-def test_simulated_world_compiled_is_eager_bitwise(exchange):
-    compiled = torch.compile(C.world_block, fullgraph=True, backend="aot_eager")
-    params = C.make_params(T, seed=2)
-    for offs in LAYOUTS[:2]:
-        # "even" cuts: the shard shapes (the graph's input shapes) stay fixed
-        plan = kcp.partition_det_kcp(offs, 3, boundary="even")
-        ctxs = kcp.build_simulated_contexts_det_kcp(plan, conv_kernel_size=C.W)
-        got = C.world_step(compiled, params, plan, ctxs, exchange)
-        want = C.world_step(C.world_block, params, plan, ctxs, exchange)
-        assert _equal(got, want), offs
-    _no_graph_breaks()
-    assert counters["stats"]["unique_graphs"] == 1
-
-
-def test_gloo_world_of_two_compiled_is_eager_bitwise():
-    res = run_gloo_world(2, COMMON, "compile_worker",
-                         {"layouts": [LAYOUTS[0], LAYOUTS[1]], "seed": 3,
-                          "exchange": "allgather"})
-    for r in res:
-        assert r == {"equal": [True, True], "breaks": 0, "graphs": 1}, res
-
-
-def test_inductor_world_of_one():
-    compiled = torch.compile(C.rank_block, fullgraph=True, backend="inductor")
-    params = C.make_params(T, seed=4)
-    plan = kcp.partition_det_kcp(LAYOUTS[0], 1)
-    ctx = kcp.build_context_det_kcp(plan, 0)
-    got = C.rank_step(compiled, params, plan, 0, ctx)
-    want = C.rank_step(C.rank_block, params, plan, 0, ctx)
-    for a, b in zip(got, want, strict=True):  # inductor may fuse the projection differently
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    _no_graph_breaks()
-
-
-def test_static_context_follows_new_layouts_in_place():
-    params = C.make_params(T, seed=5)
-    plan0 = kcp.partition_det_kcp(LAYOUTS[0], 1)
-    static = kcp.build_context_det_kcp(plan0, 0, max_docs=4)
-    buffers = (static._gdn_static_layout.cu_seqlens.data_ptr(),
-               static._gdn_static_layout.index.chunk_start.data_ptr())
-    compiled = torch.compile(C.rank_block, fullgraph=True, backend="aot_eager")
-    for offs in LAYOUTS:
-        plan = kcp.partition_det_kcp(offs, 1)
-        kcp.update_context_det_kcp(static, plan)
-        assert static.plan is not plan0 and static.local_offsets == tuple(offs)
-        plain = kcp.build_context_det_kcp(plan, 0)
-        want = C.rank_step(C.rank_block, params, plan, 0, plain)
-        assert _equal(C.rank_step(C.rank_block, params, plan, 0, static), want), offs
-        assert _equal(C.rank_step(compiled, params, plan, 0, static), want), offs
-    assert (static._gdn_static_layout.cu_seqlens.data_ptr(),
-            static._gdn_static_layout.index.chunk_start.data_ptr()) == buffers
-    _no_graph_breaks()
-    assert counters["stats"]["unique_graphs"] == 1
-    with pytest.raises(ValueError, match="max_docs"):
-        kcp.update_context_det_kcp(static, kcp.partition_det_kcp([0, 1, 2, 3, 4, T], 1))
-    with pytest.raises(ValueError, match="T="):
-        kcp.update_context_det_kcp(static, kcp.partition_det_kcp([0, T - 1], 1))
-    from gdn_core.kcp_ops import attach_static_layout
-
-    sim = kcp.build_simulated_contexts_det_kcp(kcp.partition_det_kcp([0, T], 2))
-    with pytest.raises(ValueError, match="world_size == 1"):
-        attach_static_layout(sim[0], max_docs=2)
-
-
-def test_fake_implementations():
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    ops = torch.ops.gdn_det_train_kcp
-    plan = kcp.partition_det_kcp([0, 50, 100], 1)
-    ctx = kcp.build_context_det_kcp(plan, 0)
-    gen = torch.Generator().manual_seed(0)
-    q, k = torch.randn(1, 100, 1, 16, generator=gen), torch.randn(1, 100, 1, 16, generator=gen)
-    v = torch.randn(1, 100, 2, 16, generator=gen)
-    g, beta = -torch.rand(1, 100, 2, generator=gen), torch.rand(1, 100, 2, generator=gen)
-    h = ctx._gdn_op_handle
-    args = (q, k, v, g, beta, h, None, None, True, "allgather", None)
-    utils = ("test_schema", "test_faketensor", "test_autograd_registration")
-    torch.library.opcheck(ops.kcp_chunk_gated_delta_rule, args, test_utils=utils)
-    x, w = torch.randn(1, 100, 6, generator=gen), torch.randn(6, 4, generator=gen)
-    torch.library.opcheck(ops.kcp_causal_conv1d, (x, w, None, h, "silu"), test_utils=utils)
-    with FakeTensorMode() as mode:
-        o, token = ops.kcp_chunk_gated_delta_rule(
-            *(mode.from_tensor(t) for t in (q, k, v, g, beta, h)), None, None, True,
-            "allgather", None)
-        assert o.shape == v.shape and token.shape == () and token.device.type == "cpu"
-
+from gdn_core.suites.kcp_compile import *  # noqa: F403 - the shared tests, on this package
+from gdn_core.suites.kcp_compile import LAYOUTS
 
 _INTERPRETER = textwrap.dedent(
     """
-    import importlib.util, json, sys, torch
+    import json, sys, torch
     import gdn_det_train_kcp as kcp
-    spec = importlib.util.spec_from_file_location("c", sys.argv[1])
-    C = importlib.util.module_from_spec(spec); spec.loader.exec_module(C)
+    from gdn_core.suites import kcp_compile_block
+    C = kcp_compile_block.on(kcp.ops.API)
     torch.use_deterministic_algorithms(True)
-    layouts = json.loads(sys.argv[2])
+    layouts = json.loads(sys.argv[1])
     params = C.make_params(layouts[0][-1], seed=6)
     static = kcp.build_context_det_kcp(kcp.partition_det_kcp(layouts[0], 1), 0, max_docs=4)
     compiled = torch.compile(C.rank_block, fullgraph=True, backend="aot_eager")
@@ -183,7 +43,7 @@ def test_static_context_on_the_triton_interpreter():
     env.pop("GDN_CORE_BACKEND", None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     proc = subprocess.run(
-        [sys.executable, "-c", _INTERPRETER, str(COMMON), json.dumps(list(LAYOUTS[:2]))],
+        [sys.executable, "-c", _INTERPRETER, json.dumps(list(LAYOUTS[:2]))],
         env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, True]

@@ -15,13 +15,12 @@ training step captured in a CUDA graph and replayed for new document layouts.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-from pathlib import Path
 
 import gdn_det_train_kcp as kcp
 import pytest
 import torch
+from gdn_core.suites import kcp_compile_block
 from torch._dynamo.utils import counters
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -31,10 +30,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-COMMON = Path(__file__).with_name("kcp_compile_common.py")
-_spec = importlib.util.spec_from_file_location("kcp_compile_common_gpu", COMMON)
-C = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(C)
+C = kcp_compile_block.on(kcp.ops.API)  # the block on this package's calls
 
 # every document at most one segment long (1024 tokens): the ordinary path's
 # default segments and the static context's plain path then agree
@@ -109,7 +105,7 @@ class _Step:
         d, w = self.data, self.weights
         out = self.body(d["x"], d["g"], d["beta"], w["w"], w["b"], w["P"], self.context,
                         "allgather")
-        (out * out).sum().backward()  # the loss of kcp_compile_common.rank_step
+        (out * out).sum().backward()  # the loss of kcp_compile_block.rank_step
         self.out = out.detach()
 
     def results(self):

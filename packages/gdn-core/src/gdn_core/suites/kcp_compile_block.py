@@ -1,13 +1,19 @@
-"""A small GDN block (short conv → KCP GDN → projection) for the compile tests.
+"""A small GDN block (short conv → KCP GDN → projection) for the KCP compile tests.
 
-Loaded by path by the tests and by the gloo worker processes (not a test
-module). Every rank's block: ``x [1,T_r,D]`` → causal conv with the halo
-exchange → q, k, v → the KCP GDN → a projection.
+Every rank's block: ``x [1,T_r,D]`` → causal conv with the halo exchange → q, k, v →
+the KCP GDN → a projection, written once over a package's
+:class:`~gdn_core.kcp_frontend.KCPAPI` (:func:`blocks`). Also the gloo worker of the
+two-rank compile test (:func:`compile_worker`, loaded by path by
+:func:`gdn_core.kcp.testing.run_gloo_world`; its payload names the package).
 """
 
 from __future__ import annotations
 
-import gdn_det_train_kcp as kcp
+import importlib
+import types
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 H, HV, K, V, W = 1, 2, 16, 16, 4
@@ -32,29 +38,41 @@ def shard(t: torch.Tensor, plan, rank: int) -> torch.Tensor:
     return t[:, start:stop].contiguous()
 
 
-def rank_block(x, g, beta, w, b, P, context, exchange="allgather"):
-    T = x.shape[1]
-    y = kcp.causal_conv1d_det_kcp(x, w, b, context, "silu")
-    q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
-    o = kcp.chunk_gated_delta_rule_det_kcp(
-        q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V), g, beta,
-        context=context, use_qk_l2norm_in_kernel=True, exchange=exchange)
-    return o.reshape(1, T, HV * V) @ P.T
+def blocks(api: Any) -> tuple[Callable, Callable]:
+    """``(rank_block, world_block)`` on ``api``'s conv and GDN calls (one rank; every
+    rank of a simulated world)."""
 
-
-def world_block(xs, gs, betas, w, b, P, contexts, exchange="allgather"):
-    ys = kcp.causal_conv1d_det_kcp_simulated(xs, w, b, contexts, "silu")
-    qs, ks, vs = [], [], []
-    for y in ys:
-        T = y.shape[1]
+    def rank_block(x, g, beta, w, b, P, context, exchange="allgather"):
+        T = x.shape[1]
+        y = api.conv(x, w, b, context, "silu")
         q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
-        qs.append(q.reshape(1, T, H, K))
-        ks.append(k.reshape(1, T, H, K))
-        vs.append(v.reshape(1, T, HV, V))
-    os_ = kcp.chunk_gated_delta_rule_det_kcp_simulated(
-        qs, ks, vs, gs, betas, contexts=contexts, use_qk_l2norm_in_kernel=True,
-        exchange=exchange)
-    return [o.reshape(1, o.shape[1], HV * V) @ P.T for o in os_]
+        o = api.autograd(
+            q.reshape(1, T, H, K), k.reshape(1, T, H, K), v.reshape(1, T, HV, V), g, beta,
+            context=context, use_qk_l2norm_in_kernel=True, exchange=exchange)
+        return o.reshape(1, T, HV * V) @ P.T
+
+    def world_block(xs, gs, betas, w, b, P, contexts, exchange="allgather"):
+        ys = api.conv_simulated(xs, w, b, contexts, "silu")
+        qs, ks, vs = [], [], []
+        for y in ys:
+            T = y.shape[1]
+            q, k, v = y.split([H * K, H * K, HV * V], dim=-1)
+            qs.append(q.reshape(1, T, H, K))
+            ks.append(k.reshape(1, T, H, K))
+            vs.append(v.reshape(1, T, HV, V))
+        os_ = api.autograd_simulated(qs, ks, vs, gs, betas, contexts=contexts,
+                                     use_qk_l2norm_in_kernel=True, exchange=exchange)
+        return [o.reshape(1, o.shape[1], HV * V) @ P.T for o in os_]
+
+    return rank_block, world_block
+
+
+def on(api: Any) -> types.SimpleNamespace:
+    """This module with its blocks bound to ``api`` (``rank_block``, ``world_block``)."""
+    ns = types.SimpleNamespace(**{n: globals()[n] for n in (
+        "H", "HV", "K", "V", "W", "D", "make_params", "shard", "rank_step", "world_step")})
+    ns.rank_block, ns.world_block = blocks(api)
+    return ns
 
 
 def rank_step(fn, params: dict, plan, rank: int, context, exchange="allgather") -> list:
@@ -79,16 +97,20 @@ def world_step(fn, params: dict, plan, contexts, exchange="allgather") -> list:
 
 
 def compile_worker(rank: int, world_size: int, payload: dict) -> dict:
-    """Gloo worker: the compiled rank block against the eager one, for each layout."""
+    """Gloo worker: the compiled rank block against the eager one, for each layout
+    (``payload``: ``package`` — the KCP package's module name —, ``layouts``, ``seed``,
+    ``exchange``)."""
     from torch._dynamo.utils import counters
 
+    api = importlib.import_module(payload["package"]).ops.API
+    rank_block, _ = blocks(api)
     torch.use_deterministic_algorithms(True)
     torch._dynamo.reset()
     compiled = torch.compile(rank_block, fullgraph=True, backend="aot_eager")
     equal = []
     for offs in payload["layouts"]:
-        plan = kcp.partition_det_kcp(offs, world_size, boundary="even")
-        ctx = kcp.build_context_det_kcp(plan, rank, conv_kernel_size=W)
+        plan = api.partition(offs, world_size, boundary="even")
+        ctx = api.build_context(plan, rank, conv_kernel_size=W)
         params = make_params(offs[-1], seed=payload["seed"])
         got = rank_step(compiled, params, plan, rank, ctx, payload["exchange"])
         want = rank_step(rank_block, params, plan, rank, ctx, payload["exchange"])
