@@ -44,3 +44,9 @@ def kcp_api(kcp_package):
 def kcp_agree_worker():
     """The gloo worker script of the shared agreement suite, in this package's tests."""
     return Path(__file__).with_name("det_kcp_agree_worker.py")
+
+
+@pytest.fixture(scope="session")
+def kcp_compile_worker():
+    """The gloo worker script of the shared compile suite, in this package's tests."""
+    return Path(__file__).with_name("det_kcp_compile_worker.py")

@@ -7,12 +7,11 @@ backend (deterministic there, whatever the package promises): worlds of one,
 simulated worlds and a gloo world of two give eager's bits without a graph break
 (eager runs the same bodies through an ``autograd.Function``); static (CUDA-graph)
 contexts give the ordinary path's bits across layouts. Run on a KCP package by its
-test module (``from … import *``) with its ``kcp_api`` / ``kcp_package`` fixtures.
+test module (``from … import *``) with its ``kcp_api`` and ``kcp_compile_worker`` (the
+path of its gloo worker script) fixtures.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import pytest
 import torch
@@ -80,10 +79,10 @@ def test_simulated_world_compiled_is_eager_bitwise(kcp_api, block, exchange):
     assert counters["stats"]["unique_graphs"] == 1
 
 
-def test_gloo_world_of_two_compiled_is_eager_bitwise(kcp_api):
-    res = run_gloo_world(2, Path(kcp_compile_block.__file__), "compile_worker",
-                         {"package": kcp_api.module, "layouts": [LAYOUTS[0], LAYOUTS[1]],
-                          "seed": 3, "exchange": "allgather"})
+def test_gloo_world_of_two_compiled_is_eager_bitwise(kcp_compile_worker):
+    res = run_gloo_world(2, kcp_compile_worker, "compile_worker",
+                         {"layouts": [LAYOUTS[0], LAYOUTS[1]], "seed": 3,
+                          "exchange": "allgather"})
     for r in res:
         assert r == {"equal": [True, True], "breaks": 0, "graphs": 1}, res
 

@@ -9,7 +9,6 @@ two-rank compile test (:func:`compile_worker`, loaded by path by
 
 from __future__ import annotations
 
-import importlib
 import types
 from collections.abc import Callable
 from typing import Any
@@ -96,13 +95,11 @@ def world_step(fn, params: dict, plan, contexts, exchange="allgather") -> list:
             + [rep[n].grad for n in ("w", "b", "P")])
 
 
-def compile_worker(rank: int, world_size: int, payload: dict) -> dict:
-    """Gloo worker: the compiled rank block against the eager one, for each layout
-    (``payload``: ``package`` — the KCP package's module name —, ``layouts``, ``seed``,
-    ``exchange``)."""
+def compile_worker(api: Any, rank: int, world_size: int, payload: dict) -> dict:
+    """One gloo rank: the compiled rank block on ``api`` against the eager one, for each
+    layout (``payload``: ``layouts``, ``seed``, ``exchange``)."""
     from torch._dynamo.utils import counters
 
-    api = importlib.import_module(payload["package"]).ops.API
     rank_block, _ = blocks(api)
     torch.use_deterministic_algorithms(True)
     torch._dynamo.reset()
