@@ -167,17 +167,18 @@ class SingleRankAPI:
             workspace: TrainWorkspace | None = None, segment_size: int | None = None,
             check_inputs: bool = False,
         ) -> tuple[Tensor, Tensor | None]:
-            layout = lay_obj = None  # lay_obj: the layout lives through the call
+            layout = None
             if workspace is not None:
                 require_instance(workspace, ws_cls, "workspace")
             if isinstance(cu_seqlens, VarlenLayout):
-                lay_obj, layout, cu_seqlens = cu_seqlens, cu_seqlens.handle, cu_seqlens.cu_seqlens
+                layout, cu_seqlens = cu_seqlens, cu_seqlens.cu_seqlens
             if torch.compiler.is_compiling():  # traced: the custom op
                 ws = None if workspace is None else object_handle(workspace, "workspace")
                 if isinstance(cu_seqlens, (list, tuple)):
                     cu_seqlens = torch.tensor(cu_seqlens, dtype=torch.int64)
                 o, final, *_ = op(
-                    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens, layout, ws,
+                    q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
+                    None if layout is None else layout.handle, ws,
                     None if scale is None else float(scale), bool(output_final_state),
                     bool(use_qk_l2norm_in_kernel), bool(use_gate_in_kernel), None,
                     segment_size,
@@ -198,7 +199,6 @@ class SingleRankAPI:
                     cu_seqlens=cu_seqlens, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                     use_gate_in_kernel=use_gate_in_kernel, A_log=A_log, dt_bias=dt_bias,
                     segment_size=segment_size)
-            del lay_obj  # the plan holds the layout's tables
             if workspace is not None:
                 workspace.check_shapes(plan.shapes, v.device, q.dtype, plan.backend)
             if check_bool("check_inputs", check_inputs):

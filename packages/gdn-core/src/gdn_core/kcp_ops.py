@@ -508,9 +508,8 @@ class _KCPGDNFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, g, beta = ctx.saved_tensors  # autograd's in-place (version) check
-        if do is None:
-            do = torch.zeros_like(v)
+        ctx.saved_tensors  # noqa: B018 -- autograd's in-place (version) check
+        # ``do`` is never None: autograd materialises an unused output's gradient as zeros
         return (None,) * 7 + tuple(ctx.ops._gdn_backward(ctx.entry, do))
 
 

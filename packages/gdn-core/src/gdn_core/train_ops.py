@@ -44,7 +44,8 @@ from gdn_core.ops.wy import inverse_for_backward
 from gdn_core.plan import GDNPlan, make_plan, resolve_backend, saved_state_rows
 from gdn_core.saved import GateSaved, GDNSaved
 
-__all__ = ["SAVED_OUTPUTS", "TrainOps", "define_train_ops", "layout_segment_size", "op_plan"]
+__all__ = ["SAVED_OUTPUTS", "TrainOps", "define_train_ops", "layout_of", "layout_segment_size",
+           "op_plan"]
 
 Tensor = torch.Tensor
 
@@ -65,19 +66,32 @@ def layout_segment_size(segment_size: int | None) -> int:
     return 0
 
 
+def layout_of(layout: Tensor | VarlenLayout, tokens: int) -> VarlenLayout:
+    """The :class:`VarlenLayout` of a call — given itself (eagerly) or its handle (an op's
+    argument) — checked to cover ``tokens`` tokens.
+
+    Raises:
+        ValueError: the handle names no live layout, or another object; the layout
+            covers another number of tokens.
+    """
+    lay = layout if isinstance(layout, VarlenLayout) else lookup(
+        layout, "cu_seqlens (VarlenLayout)")
+    if not isinstance(lay, VarlenLayout):
+        raise ValueError(f"layout handle names a {type(lay).__name__}, not a VarlenLayout")
+    if lay.total_tokens != tokens:
+        raise ValueError(f"the layout covers T={lay.total_tokens} tokens, the inputs hold "
+                         f"{tokens}")
+    return lay
+
+
 def op_plan(deterministic: bool, q, k, v, g, beta, initial_state, A_log, dt_bias, cu_seqlens,
              layout, scale, output_final_state, use_qk_l2norm_in_kernel, use_gate_in_kernel,
              backend, segment_size) -> GDNPlan:
-    """The plan of an op call: the public call's, from the cache (``layout``: the
-    handle of a :class:`VarlenLayout`, checked against the inputs)."""
+    """The plan of a call: the public call's, from the cache (``layout``: a
+    :class:`VarlenLayout` or its handle, checked against the inputs, :func:`layout_of`)."""
     index = None
     if layout is not None:
-        lay = lookup(layout, "cu_seqlens (VarlenLayout)")
-        if not isinstance(lay, VarlenLayout):
-            raise ValueError(f"layout handle names a {type(lay).__name__}, not a VarlenLayout")
-        if lay.total_tokens != q.shape[1]:
-            raise ValueError(f"the layout covers T={lay.total_tokens} tokens, the inputs hold "
-                             f"{q.shape[1]}")
+        lay = layout_of(layout, q.shape[1])
         if cu_seqlens is not None and tuple(cu_seqlens.shape) != (lay.max_docs + 1,):
             raise ValueError("cu_seqlens does not match the layout's padded table")
         cu_seqlens, index = lay.padded_offsets, lay.index
@@ -289,14 +303,7 @@ class TrainOps:
                       ) -> tuple[Any, Any]:
             """``(host offsets | None, doc_pos | None)`` of an op call."""
             if layout is not None:
-                lay = lookup(layout, "cu_seqlens (VarlenLayout)")
-                if not isinstance(lay, VarlenLayout):
-                    raise ValueError(f"layout handle names a {type(lay).__name__}, not a "
-                                     "VarlenLayout")
-                if lay.total_tokens != x.shape[1]:
-                    raise ValueError(f"the layout covers T={lay.total_tokens} tokens, the "
-                                     f"inputs hold {x.shape[1]}")
-                return None, lay.doc_pos
+                return None, layout_of(layout, x.shape[1]).doc_pos
             if cu_seqlens is None:
                 return None, None
             if cu_seqlens.dtype not in (torch.int32, torch.int64) or cu_seqlens.dim() != 1:
@@ -359,10 +366,7 @@ class TrainOps:
             doc_pos = offsets = None
             if isinstance(cu_seqlens, VarlenLayout):
                 validate_conv1d_inputs(x, weight, bias, activation, None, halo)
-                if cu_seqlens.total_tokens != x.shape[1]:
-                    raise ValueError(f"the layout covers T={cu_seqlens.total_tokens} tokens, "
-                                     f"the inputs hold {x.shape[1]}")
-                doc_pos = cu_seqlens.doc_pos
+                doc_pos = layout_of(cu_seqlens, x.shape[1]).doc_pos
             else:
                 offsets = validate_conv1d_inputs(x, weight, bias, activation, cu_seqlens, halo)
             return _ConvFunction.apply(self.deterministic, activation, offsets, doc_pos, x,
