@@ -106,6 +106,15 @@ def grads_of(name, layer, x, dy, cu) -> dict[str, torch.Tensor]:
     return got
 
 
+_T0 = time.perf_counter()
+
+
+def say(msg: str) -> None:
+    """A progress line on stderr, flushed (a run cut short by a time limit shows how far it
+    got: the first call of each arm compiles, and fla's layer autotunes per shape)."""
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {msg}", file=sys.stderr, flush=True)
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
 
@@ -124,6 +133,7 @@ def check(arms: list[str], config: dict, device, dtype) -> dict[str, dict[str, f
         params = [rel(got[n], want[n]) for n in want if n not in ("out", "dx")]
         out[name] = {"out": rel(got["out"], want["out"]), "dx": rel(got["dx"], want["dx"]),
                      "params": max(params), "n_params": len(params)}
+        say(f"check: {name} {out[name]}")
     return out
 
 
@@ -263,9 +273,11 @@ def main(argv: list[str] | None = None) -> int:
         for name in arms:
             layer = make_arm(name, config, device, dtype, state)
             res[name] = time_arm(name, layer, x, dy, cu, args.warmup, args.rep)
+            say(f"{shape} {name}: {res[name]}")
             if args.profile and i == 0 and device.type == "cuda":
                 profiles.append(f"### {name}, shape {shape}\n\n```\n"
                                 f"{profile_arm(name, layer, x, dy, cu)}\n```")
+                say(f"{shape} {name}: profiled")
             del layer
         row = f"| {shape[0]}, {shape[1]}, {shape[2]} | " + " | ".join(
             f"{res[a]['fwd']:.2f} / {res[a]['fwd_bwd']:.2f}, {res[a]['peak_mib']:.0f}"
