@@ -71,12 +71,13 @@ def _problem(T: int, docs: int, device: str) -> dict:
     _, dk_part, dw, dg_part = dqkwg_bwd(q, k, v_new, h, G, do, dh, dvp, scale, index, 1)
     return dict(q=q, k=k, v=v, beta=beta, G=G, W=W, U=U, A_inv=A_inv, do=do, dvl=dvl,
                 dvp=dvp, dw=dw, dk_part=dk_part, dk_out=torch.empty_like(dk_part),
-                dg_part=dg_part, index=index, scale=scale, g_dtype=g.dtype, docs=docs)
+                dg_part=dg_part, index=index, scale=scale, g_dtype=g.dtype, docs=docs,
+                h=h, v_new=v_new, dh=dh)
 
 
 def _kernels(p: dict) -> dict:
     """name -> (config module, config function name, call, variants)."""
-    from gdn_core.ops import chunk_state, chunk_state_bwd, wy_bwd
+    from gdn_core.ops import chunk_grads_bwd, chunk_state, chunk_state_bwd, dqkwg, wy_bwd
 
     def state_fwd():
         return chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)[0]
@@ -90,8 +91,28 @@ def _kernels(p: dict) -> dict:
                              p["dk_part"], p["dg_part"], p["index"], 1, p["g_dtype"],
                              dk_out=p["dk_out"])[0]
 
+    def chunk_grads():  # direct bf16 dq/dk, as the backward runs it at one head per group
+        dq = torch.empty_like(p["q"])
+        return chunk_grads_bwd.chunk_grads_bwd(
+            p["q"], p["k"], p["v"], p["v_new"], p["h"], p["dh"], p["do"], p["dvp"], p["G"],
+            p["beta"], p["A_inv"], p["scale"], p["index"], 1, p["g_dtype"], dq=dq,
+            dk=torch.empty_like(p["k"]))[1]
+
+    def dqkwg_then_wy():  # the two kernels chunk_grads replaces, as the backward ran them
+        dq = torch.empty_like(p["q"])
+        _, dk_part, dw, dg_part = dqkwg.dqkwg_bwd(
+            p["q"], p["k"], p["v_new"], p["h"], p["G"], p["do"], p["dh"], p["dvp"], p["scale"],
+            p["index"], 1, dq=dq)
+        return wy_bwd.wy_bwd(p["k"], p["v"], p["beta"], p["G"], p["A_inv"], dw, p["dvp"],
+                             dk_part, dg_part, p["index"], 1, p["g_dtype"],
+                             dk_out=torch.empty_like(p["k"]))[0]
+
     grid = itertools.product
     return {
+        "chunk_grads": (chunk_grads_bwd, "chunk_grads_config", chunk_grads,
+                        [dict(num_warps=4, num_stages=2), dict(num_warps=8, num_stages=1),
+                         dict(num_warps=8, num_stages=3), dict(num_warps=8, maxnreg=232)]),
+        "dqkwg_wy": (dqkwg, "dqkwg_config", dqkwg_then_wy, []),
         "state_fwd": (chunk_state, "chunk_state_config", state_fwd,
                       [dict(BV=bv, num_warps=w, num_stages=s)  # 4/8 warps x 2/3 stages:
                        for bv, w, s in grid((32, 64), (2, 4), (3, 4))]),  # results/…-s5-…

@@ -18,6 +18,7 @@ from gdn_core.ops.backward import (
     Recomputed,
     backward_from_recompute,
 )
+from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
 from gdn_core.ops.dqkwg import dqkwg_bwd
 from gdn_core.ops.dv_local import dv_local_bwd
@@ -134,6 +135,63 @@ def test_dv_local_and_dqkwg(lengths, H, group, K, V):
         or [dvp.new_zeros(0, HV, K)]
     )
     _close(dw, dw_want, 1e-5, "dw")
+
+
+# -------------------------------------------------------- stage (c), one kernel
+
+
+def _chunk_dw(dvp, h, bounds):
+    """``dW = −dV' Sᵀ`` per chunk."""
+    chunks = [(s, min(e, s + C)) for b, e in bounds for s in range(b, e, C)]
+    return torch.cat([-torch.einsum("ihv,hkv->ihk", dvp[s:e], h[c])
+                      for c, (s, e) in enumerate(chunks)] or [dvp.new_zeros(0, *h.shape[1:3])])
+
+
+@pytest.mark.parametrize("lengths,H,group,K,V", LAYOUTS + [
+    pytest.param([70, 33], 1, 1, 64, 32, id="K64-E-in-dk"),
+    pytest.param([130], 2, 2, 128, 64, id="grouped-K128"),
+])
+def test_chunk_grads_bwd(lengths, H, group, K, V):
+    """dq, dk, dv, dbeta, dg of the output, the state update and ⟨W, dW⟩ + ⟨U, dV'⟩
+    (dW = −dV' Sᵀ) through the reference stage functions, with v_new, S, dS, dV' given."""
+    offs = _offsets(lengths)
+    bounds = _bounds(offs)
+    index = ChunkIndex.build(offs, DEVICE)
+    q, k, v, g, beta = _inputs(lengths, H, group, K, V, seed=31)
+    T, HV, NT = q.shape[0], H * group, index.num_chunks
+    gen = torch.Generator().manual_seed(32)
+    v_new = torch.randn(T, HV, V, generator=gen).to(DEVICE)
+    h = (torch.randn(NT, HV, K, V, generator=gen) * 0.3).to(DEVICE)
+    do = torch.randn(T, HV, V, generator=gen).to(DEVICE)
+    dh = torch.randn(NT, HV, K, V, generator=gen).to(DEVICE)
+    dvp = torch.randn(T, HV, V, generator=gen).to(DEVICE)
+    scale = K**-0.5
+
+    leaves = [x.clone().requires_grad_(True) for x in (_expand(q, group), _expand(k, group),
+                                                        v, beta, g)]
+    qe, ke, vl, bl, gl = leaves
+    G = ref.chunk_cumsum_ref(gl, bounds)
+    A_inv, W, U = ref.wy_ref(ke, vl, bl, G, bounds)
+    loss = ((ref.chunk_output_ref(qe, ke, v_new, h, G, scale, bounds) * do).sum()
+            + (_state_next(ke, v_new, h, G, bounds) * dh).sum()
+            + (W * _chunk_dw(dvp, h, bounds)).sum() + (U * dvp).sum())
+    dq_want, dk_want, dv_want, db_want, dg_want = torch.autograd.grad(loss, leaves)
+
+    G, A_inv = G.detach(), A_inv.detach()
+    got = chunk_grads_bwd(q, k, v, v_new, h, dh, do, dvp, G, beta, A_inv, scale, index, group,
+                          g.dtype)
+    for name, a, want in zip(("dq", "dk", "dv", "dbeta", "dg"), got,
+                             (dq_want, dk_want, dv_want, db_want, dg_want)):
+        _close(a, want, 1e-5, name)
+    again = chunk_grads_bwd(q, k, v, v_new, h, dh, do, dvp, G, beta, A_inv, scale, index,
+                            group, g.dtype)
+    for a, b in zip(again, got):
+        assert torch.equal(a, b)
+    bad = torch.empty(T, HV, K + 1, device=DEVICE)
+    for kw in ({"dq": bad}, {"dk": bad}, {"dk": torch.empty(T, HV, 2 * K, device=DEVICE)[..., :K]}):
+        with pytest.raises(ValueError, match="must be a contiguous"):
+            chunk_grads_bwd(q, k, v, v_new, h, dh, do, dvp, G, beta, A_inv, scale, index,
+                            group, g.dtype, **kw)
 
 
 # ------------------------------------------------------------------ stage (b)
@@ -341,19 +399,21 @@ def test_fp32_dq_dk_for_the_l2norm_backward(group):
         assert (got.data_ptr() == part.data_ptr()) == (group == 1)
 
 
+@pytest.mark.parametrize("K", [32, 64])  # E'ᵀ through a scratch slot / through dk's rows
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
-def test_group_one_rounds_dq_dk_in_their_kernels(dtype):
-    """One value head per q/k head: dq/dk come rounded straight out of the dQ/dK and WY
-    kernels — the bits of rounding the fp32 partials, no reduction launch, and no fp32
-    dq buffer in the workspace (one made without it is refused where it is needed)."""
-    lengths, H, group, K, V = [70, 0, 33], 2, 1, 32, 16
+def test_group_one_rounds_dq_dk_in_their_kernels(dtype, K):
+    """One value head per q/k head: dq/dk come rounded straight out of the chunk-gradient
+    kernel — the bits of rounding the fp32 partials, no reduction launch, and no fp32
+    dq/dk buffers in the workspace (one made without them is refused where they are
+    needed)."""
+    lengths, H, group, V = [70, 0, 33], 2, 1, 16
     args, kw, index = _recompute_args(lengths, H, group, K, V, seed=21)
     args = tuple(x if i == 4 else x.to(dtype) for i, x in enumerate(args))  # G stays fp32
     kw["do"] = kw["do"].to(dtype)
     with record_launches() as launches:
         direct = _from_recompute(*args, **kw, deterministic=True)
     names = [x.name.rsplit(".", 1)[-1] for x in launches]
-    assert "dqkwg_bwd" in names and "wy_bwd" in names and "group_reduce" not in names
+    assert "chunk_grads_bwd" in names and "group_reduce" not in names
     partial = _from_recompute(*args, **kw, deterministic=True, dqk_dtype=torch.float32)
     for got, part in zip(direct[:2], partial[:2]):
         assert got.dtype == dtype and part.dtype == torch.float32
@@ -364,7 +424,7 @@ def test_group_one_rounds_dq_dk_in_their_kernels(dtype):
     T, N = sum(lengths), index.num_docs
     lean = BackwardWorkspace.for_shapes(T, H, H, K, V, index.num_chunks, N, dtype, DEVICE,
                                         deterministic=True, dq_partials=False)
-    assert "dq_part" not in lean.storage
+    assert "dq_part" not in lean.storage and "dk_part" not in lean.storage
     again = _from_recompute(*args, **kw, deterministic=True, workspace=lean)
     for got, want in zip(again, direct):
         assert torch.equal(got, want)
@@ -617,7 +677,7 @@ def test_compose_entry_points_deterministic():
             runs.append((o, final, grads.dq, grads.dk, grads.dv, grads.dg, grads.dbeta,
                          grads.dh0))
     names = {x.name for x in launches}
-    assert any("wy_bwd" in n for n in names) and any("group_reduce" in n for n in names)
+    assert any("chunk_grads_bwd" in n for n in names) and any("group_reduce" in n for n in names)
     assert not [x.name for x in launches if x.uses_atomics]
     for a, b in zip(*runs):
         assert torch.equal(a, b)

@@ -10,14 +10,12 @@ Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
 1. :func:`~gdn_core.ops.dv_local.dv_local_bwd` — chunk-local ``dV'``;
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
    ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
-3. :func:`~gdn_core.ops.dqkwg.dqkwg_bwd` — per-value-head ``dq``/``dk``
-   partials, ``dW``, per-K-block ``dg`` partials (already reverse-cumsummed,
-   written without cancelling terms);
-4. :func:`~gdn_core.ops.wy_bwd.wy_bwd` — WY backward (``dk``, ``dv``, ``dβ``,
-   its part of ``dg``) and the fixed-order sum of the ``dg`` partials;
-5. :func:`~gdn_core.ops.group_reduce.group_reduce` — fixed-order sum of the
+3. :func:`~gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd` — every chunk-local
+   gradient in one kernel: per-value-head ``dq``/``dk`` (final with one value head
+   per q/k head), ``dv``, ``dβ`` and ``dg`` (the WY backward included);
+4. :func:`~gdn_core.ops.group_reduce.group_reduce` — fixed-order sum of the
    ``dq``/``dk`` partials over each group of value heads;
-6. the L2-norm backward when the forward normalised q/k in the kernel.
+5. the L2-norm backward when the forward normalised q/k in the kernel.
 
 Determinism: none of these launchers uses atomics, every cross-program sum
 runs in a fixed order, and all launch configurations are pinned (no
@@ -37,11 +35,10 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
-from gdn_core.ops.dqkwg import dqkwg_bwd, dqkwg_num_k_blocks
 from gdn_core.ops.dv_local import dv_local_bwd
 from gdn_core.ops.group_reduce import group_reduce
-from gdn_core.ops.wy_bwd import wy_bwd
 from gdn_core.typed import TypedWorkspace, mode_name, require_instance
 
 __all__ = [
@@ -65,19 +62,16 @@ def _buffer_specs(
     dq_partials: bool = True,
 ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """Shape and dtype of every scratch buffer of a backward of this size
-    (``dq_partials=False``: without ``dq_part``, which a backward with one value
-    head per q/k head and outputs in the input dtype does not use)."""
-    NK = dqkwg_num_k_blocks(K)
+    (``dq_partials=False``: without ``dq_part`` and ``dk_part``, which a backward with
+    one value head per q/k head and outputs in the input dtype does not use)."""
     specs = {
         "dv_local": ((T, HV, V), dtype),
         "dh": ((num_chunks, HV, K, V), dtype),
-        "dw": ((T, HV, K), dtype),
         "dq_part": ((T, HV, K), _FP32),
         "dk_part": ((T, HV, K), _FP32),
-        "dg_part": ((NK, T, HV), _FP32),
     }
     if not dq_partials:
-        del specs["dq_part"]
+        del specs["dq_part"], specs["dk_part"]
     return specs
 
 
@@ -107,18 +101,15 @@ class BackwardWorkspace(TypedWorkspace):
     backward of the other mode, of a larger size, of another layout, dtype or
     device rejects it with ``ValueError`` (:meth:`check`).
 
-    Buffers (flat fp32 / input-dtype storage, viewed per call; ``NT`` chunks,
-    ``NK`` K blocks of the dQ/dK stage):
+    Buffers (flat fp32 / input-dtype storage, viewed per call; ``NT`` chunks):
 
     * ``dv_local [T,HV,V]`` — input dtype; the state backward turns it into the full
       ``dV'`` in place;
     * ``dh [NT,HV,K,V]`` — ``dS`` of the state leaving each chunk, input dtype;
-    * ``dw [T,HV,K]`` — input dtype;
-    * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials (``dq_part``
-      only with ``dq_partials=True``, the default: a backward with one value head
-      per q/k head writes ``dq`` straight into its output unless it returns fp32
-      partials for the L2-norm backward);
-    * ``dg_part [NK,T,HV]`` — fp32.
+    * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials (only with
+      ``dq_partials=True``, the default: a backward with one value head per q/k head
+      writes ``dq``/``dk`` straight into its outputs unless it returns fp32 partials
+      for the L2-norm backward).
     """
 
     def __init__(
@@ -155,7 +146,7 @@ class BackwardWorkspace(TypedWorkspace):
         """A workspace for problems of up to ``T`` tokens, ``num_chunks`` chunks and
         ``num_docs`` documents. The mode is the class's (``DetBackwardWorkspace``,
         ``NonDetBackwardWorkspace``) or, on the base class, ``deterministic``
-        (default ``True``). ``dq_partials=False`` leaves out the fp32 ``dq``
+        (default ``True``). ``dq_partials=False`` leaves out the fp32 ``dq``/``dk``
         partials (a backward that needs them then rejects the workspace)."""
         if cls.deterministic is not None:
             if deterministic is not None and bool(deterministic) != cls.deterministic:
@@ -309,8 +300,8 @@ class Recomputed:
     """What a backward rebuilt of the forward: ``W [T,HV,K]``, ``h [NT,HV,K,V]``,
     ``v_new [T,HV,V]``. :func:`backward_from_recompute` drops each field (sets it to
     ``None``) once its last reader has run — ``W`` after the state backward, ``h``
-    and ``v_new`` after dQ/dK — so that, held nowhere else, their memory is free
-    again before the WY backward allocates its outputs (the backward's peak)."""
+    and ``v_new`` after the chunk-gradient kernel — so that, held nowhere else, their
+    memory is free again as soon as possible."""
 
     W: torch.Tensor | None
     h: torch.Tensor | None
@@ -350,10 +341,9 @@ def backward_from_recompute(
     ``dqk_dtype=torch.float32`` is for a caller that consumes ``dq``/``dk`` at once
     (the L2-norm backward): with one value head per q/k head they are then the
     workspace's fp32 partial buffers themselves (no copy), valid until the
-    workspace is used again. Otherwise, with one value head per q/k head, the dQ/dK
-    and WY-backward kernels round ``dq``/``dk`` straight into fresh outputs (the
-    same bits as summing the partials, without the fp32 ``dq`` buffer or the
-    reduction launches).
+    workspace is used again. Otherwise, with one value head per q/k head, the chunk-gradient
+    kernel rounds ``dq``/``dk`` straight into fresh outputs (the same bits as rounding
+    the fp32 partials, without the fp32 buffers or the reduction launches).
 
     ``dv_local``: stage 1's result when the caller already has it (the segment
     path computes it before its first reverse pass). ``num_docs``: the document
@@ -381,22 +371,16 @@ def backward_from_recompute(
     rec.W = None
     # Outputs are allocated as late as possible, each once the tensors spent
     # before it are free (so the backward's peak holds only one of W | h, v_new).
-    dq_out = (torch.empty(T, H, K, dtype=dqk_dtype or q.dtype, device=q.device) if direct
-              else ws["dq_part"])
-    dq_part, dk_part, dw, dg_part = dqkwg_bwd(
-        q, k, rec.v_new, rec.h, G, do, dh, dvp, scale, index, group,
-        dq=dq_out, dk=ws["dk_part"], dw=ws["dw"], dg=ws["dg_part"],
+    if direct:
+        dq_out, dk_out = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
+                          for x in (q, k))
+    else:
+        dq_out, dk_out = ws["dq_part"], ws["dk_part"]
+    dq_part, dk_part, dv, dbeta, dg = chunk_grads_bwd(
+        q, k, v, rec.v_new, rec.h, dh, do, dvp, G, beta, A_inv, scale, index, group, g_dtype,
+        dq=dq_out, dk=dk_out,
     )
     rec.h = rec.v_new = None
-    dk_out = torch.empty(T, H, K, dtype=dqk_dtype or k.dtype, device=k.device) if direct else None
-    # dh is spent once dQ/dK ran: its memory serves as the WY backward's scratch
-    # when large enough (K·V ≥ 64·64), instead of a fresh allocation per call.
-    C = index.chunk_size
-    scratch = dh if dh.numel() >= index.num_chunks * HV * C * C else None
-    dk_part, dv, dbeta, dg = wy_bwd(
-        k, v, beta, G, A_inv, dw, dvp, dk_part, dg_part, index, group, g_dtype,
-        scratch=scratch, dk_out=dk_out,
-    )
     if group == 1:  # the partials are the sums already (rounded into outputs if direct)
         return dq_part, dk_part, dv, dg, dbeta, dh0
     dq = group_reduce(dq_part, group, dqk_dtype or q.dtype)

@@ -1,0 +1,367 @@
+"""Backward stage (c): every chunk-local gradient in one kernel — dQ, dK, dv, dβ, dg.
+
+Given the state backward's results (``dS`` per chunk, the full ``dV'``), one program
+per (chunk, value head ``hv``, q/k head ``hv // group``) computes what two kernels and
+an HBM round trip of ``dW``, an fp32 ``dK`` partial and per-K-block ``dg`` partials
+used to. With ``S = S_c`` (``h``), ``dS = dS_{c+1}`` (``dh``), ``V' = v_new``,
+``dU = dV'``, ``D_ij = exp(G_i − G_j) [i ≥ j]``, ``dP = dO V'ᵀ``, ``T = (I + A)^{-1}``
+(the forward's inverse) and ``e_ij = exp(G_i − G_j)``::
+
+    dQ  = scale diag(Γ) dO Sᵀ + scale (dP ⊙ D) K
+    dW  = −dU Sᵀ,    dT = dW (diag(βΓ)K)ᵀ + dU (diag(β)V)ᵀ,    dṼ = Tᵀ dU
+    dv  = β ⊙ dṼ,    E' = (−Tᵀ dT Tᵀ) ⊙ e   (strict lower triangle)
+    C   = Γ ⊙ (Tᵀ dW) + E' K
+    dK  = diag(exp(G_last − G)) V' dSᵀ + scale (dP ⊙ D)ᵀ Q + β ⊙ C + E'ᵀ (diag(β) K)
+    dβ  = v·dṼ + k·C
+    dg_t = Σ_{i ≥ t} q_i·dQ_state_i + exp(G_last)⟨S, dS⟩ + Σ_{j < t} k_j·dK_state_j
+           + Σ_{i ≥ t} Σ_{j < t} (Mo + Mw)_ij + Σ_{i ≥ t} β_i Γ_i k_i·(Tᵀ dW)_i,
+    Mo = scale (dP ⊙ D) ⊙ Q Kᵀ,    Mw = E' ⊙ diag(β) K Kᵀ
+
+(``dg`` is the within-chunk reverse cumsum of ``dL/dG``, written so that only the
+terms that survive enter: pairs crossing ``t``, the state terms of the tokens before
+``t``. Summed as ``revcumsum(dL/dG)`` the O(1) pairs with both tokens ``≥ t`` would
+cancel and leave ``ε·O(1)`` on tokens whose ``dg`` is tiny under strong decay;
+docs/math.md.)
+
+The program runs in four phases; every ``[64, ·]`` operand is one 64-column block:
+
+A. one sweep over V: ``dP``, ``dPᵀ`` (its own product ``V' dOᵀ``), the ``dU`` half
+   of ``dT``; ``dṼ`` per block gives ``dv`` (stored) and ``v·dṼ``;
+B. per K block, a sweep over V for ``dO Sᵀ`` and ``dW``: ``dQ`` is finished and
+   stored, ``dW`` enters ``dT``, ``K Qᵀ`` accumulates;
+C. ``E'`` from ``dT`` (two 64³ products), ``K Kᵀ``, the pair terms of ``dg``;
+   ``E'ᵀ`` comes back through memory (see below);
+D. per K block, a sweep over V for ``V' dSᵀ``, ``⟨S, dS⟩`` and ``dW`` again (from L2,
+   instead of holding it): ``dK`` is finished in one accumulator and stored.
+
+Triton 3.6 on Hopper miscompiles ``tl.trans`` of a ``tl.dot`` result fed to another
+dot, so transposed operands are loaded tiles (``tl.trans`` of a load is a view of
+shared memory) or come back through memory: ``E'`` is stored into this program's own
+rows of the ``dk`` output (which phase D overwrites; ``K ≥ 64``) or, for ``K < 64``,
+into its slot of a scratch buffer, and read back through swapped strides after a CTA
+barrier. No other program reads or writes those rows.
+
+``dq``/``dk``: per value head partials ``[T, HV, K]`` fp32 (summed over each group in
+a fixed order later), or with one value head per q/k head the final values in any
+float dtype (rounded once here). No atomics; the pinned configuration fixes every
+sum's order, so the bits repeat run to run.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.dqkwg import crossing_sums, crossing_sums_t
+from gdn_core.ops.dv_local import dot_precision
+from gdn_core.ops.registry import launcher
+from gdn_core.ops.tiles import dot_tile
+
+__all__ = ["chunk_grads_bwd", "chunk_grads_config"]
+
+
+@triton.jit
+def _chunk_grads_kernel(
+    q,
+    k,
+    v,
+    v_new,
+    h,
+    dh,
+    do,
+    du,
+    G,
+    beta,
+    A_inv,
+    dq,
+    dk,
+    dv,
+    dbeta,
+    dg,
+    e_buf,
+    chunk_start,
+    chunk_len,
+    scale,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    GROUP: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    E_IN_DK: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // GROUP
+    dt = k.dtype.element_ty
+    start = tl.load(chunk_start + i_c).to(tl.int64)
+    L = tl.load(chunk_len + i_c)
+
+    # 64-bit scalar bases for this chunk and head; tile offsets are 32-bit.
+    q += start * (H * K) + i_h * K
+    k += start * (H * K) + i_h * K
+    tv = start * (HV * V) + i_hv * V
+    v += tv
+    v_new += tv
+    do += tv
+    du += tv
+    dv += tv
+    st = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+    h += st
+    dh += st
+    hk = start * (HV * K) + i_hv * K
+    dq += hk
+    dk += hk
+    A_inv += start * (HV * BT) + i_hv * BT
+    G += start * HV + i_hv
+    beta += start * HV + i_hv
+
+    o_t = tl.arange(0, BT)
+    m_t = o_t < L
+    m_valid = m_t[:, None] & m_t[None, :]
+    b_g = tl.load(G + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+    g_last = tl.load(G + (L - 1) * HV).to(tl.float32)
+    b_b = tl.load(beta + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+    b_gam = tl.where(m_t, tl.exp(b_g), 0.0)
+
+    # T^T: T loaded row-major (row mask only, so the loads vectorise), transposed as a
+    # loaded operand.
+    b_T = tl.load(A_inv + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0.0)
+    b_Tt = tl.trans(tl.where(m_valid, b_T, 0.0).to(dt))
+
+    # ---- A: dP, dP^T, dT's dU half; dv and v·dṼ ----
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # [i, j] = dO_i . V'_j
+    b_dpt = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_db = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(0, V, BV):
+        o_v = i_v + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        off_tv = o_t[:, None] * (HV * V) + o_v[None, :]
+        b_do = tl.load(do + off_tv, mask=m_tv, other=0.0).to(dt)
+        b_vn = tl.load(v_new + off_tv, mask=m_tv, other=0.0).to(dt)
+        b_du = tl.load(du + off_tv, mask=m_tv, other=0.0).to(dt)
+        b_v = tl.load(v + off_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_dp = tl.dot(b_do, tl.trans(b_vn), b_dp, input_precision=DOT_PREC)
+        b_dpt = tl.dot(b_vn, tl.trans(b_do), b_dpt, input_precision=DOT_PREC)
+        b_dT = tl.dot(b_du, tl.trans((b_v * b_b[:, None]).to(dt)), b_dT,
+                      input_precision=DOT_PREC)
+        b_dvt = tl.dot(b_Tt, b_du, input_precision=DOT_PREC)
+        b_db += tl.sum(b_dvt * b_v, axis=1)
+        tl.store(dv + off_tv, (b_dvt * b_b[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+    m_low = (o_t[:, None] >= o_t[None, :]) & m_valid  # [i, j], i >= j
+    b_ds = (b_dp * tl.exp(tl.where(m_low, b_g[:, None] - b_g[None, :], float("-inf")))
+            * scale).to(dt)
+    m_up = (o_t[:, None] <= o_t[None, :]) & m_valid  # [j, i], i >= j
+    b_dst = b_dpt * tl.exp(tl.where(m_up, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
+
+    # dg: the pairs of Mo crossing each token, from Moᵀ = (dP ⊙ D)ᵀ scale ⊙ K Qᵀ (formed
+    # here, so that neither K Qᵀ nor the fp32 (dP ⊙ D)ᵀ is live through phase B).
+    b_kq = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = k_j . q_i
+    for i_k in range(0, K, BK):
+        o_k = i_k + tl.arange(0, BK)
+        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        off_qk = o_t[:, None] * (H * K) + o_k[None, :]
+        b_kq = tl.dot(tl.load(k + off_qk, mask=m_tk, other=0.0),
+                      tl.trans(tl.load(q + off_qk, mask=m_tk, other=0.0)), b_kq,
+                      input_precision=DOT_PREC)
+    b_dg = crossing_sums_t(b_dst * b_kq, o_t)
+    b_dst16 = b_dst.to(dt)
+
+    # ---- B: dQ (stored), dW into dT ----
+    b_dgq = tl.zeros([BT], dtype=tl.float32)  # q·dQ_state, summed over K blocks
+    b_bg = b_b * b_gam
+    for i_k in range(0, K, BK):
+        o_k = i_k + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        off_vk = o_k[None, :] * V  # + o_v[:, None]: S^T block [BV, BK]
+        b_dqs = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dw = tl.zeros([BT, BK], dtype=tl.float32)  # dU S^T (= -dW)
+        for i_v in range(0, V, BV):
+            o_v = i_v + tl.arange(0, BV)
+            m_v = o_v < V
+            m_tv = m_t[:, None] & m_v[None, :]
+            off_tv = o_t[:, None] * (HV * V) + o_v[None, :]
+            b_do = tl.load(do + off_tv, mask=m_tv, other=0.0).to(dt)
+            b_du = tl.load(du + off_tv, mask=m_tv, other=0.0).to(dt)
+            b_ht = tl.load(h + off_vk + o_v[:, None], mask=m_v[:, None] & m_k[None, :],
+                           other=0.0).to(dt)
+            b_dqs = tl.dot(b_do, b_ht, b_dqs, input_precision=DOT_PREC)
+            b_dw = tl.dot(b_du, b_ht, b_dw, input_precision=DOT_PREC)
+        off_qk = o_t[:, None] * (H * K) + o_k[None, :]
+        b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
+        b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
+        b_kf = b_k.to(tl.float32)
+        b_dqs = b_dqs * (b_gam * scale)[:, None]
+        b_dgq += tl.sum(b_q.to(tl.float32) * b_dqs, axis=1)
+        b_dq = tl.dot(b_ds, b_k, b_dqs, input_precision=DOT_PREC)
+        tl.store(dq + o_t[:, None] * (HV * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty),
+                 mask=m_tk)
+        b_dT = tl.dot((-b_dw).to(dt), tl.trans((b_kf * b_bg[:, None]).to(dt)), b_dT,
+                      input_precision=DOT_PREC)
+    b_dg += tl.cumsum(b_dgq, axis=0, reverse=True)  # dg: Σ_{i ≥ t} q_i·dQ_state_i
+
+    # ---- C: E' = (-T^T dT T^T) ⊙ e on the strict lower triangle; Mw's pairs ----
+    m_low1 = (o_t[:, None] > o_t[None, :]) & m_valid
+    b_x = tl.dot(b_dT.to(dt), b_Tt, input_precision=DOT_PREC)
+    b_dA = tl.dot(b_Tt, b_x.to(dt), input_precision=DOT_PREC)
+    b_E = tl.where(m_low1, -b_dA * tl.exp(tl.where(m_low1, b_g[:, None] - b_g[None, :], 0.0)),
+                   0.0)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(0, K, BK):
+        o_k = i_k + tl.arange(0, BK)
+        b_k = tl.load(k + o_t[:, None] * (H * K) + o_k[None, :],
+                      mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+        b_kk = tl.dot(b_k, tl.trans(b_k), b_kk, input_precision=DOT_PREC)
+    b_dg += crossing_sums(b_E * b_b[:, None] * b_kk, o_t)
+    b_E = b_E.to(dt)
+    # E'^T through memory: this program's rows of dk (K >= 64) or its scratch slot.
+    if E_IN_DK:
+        tl.store(dk + o_t[:, None] * (HV * K) + o_t[None, :], b_E.to(dk.dtype.element_ty),
+                 mask=m_t[:, None])
+        tl.debug_barrier()
+        b_Et = tl.load(dk + o_t[None, :] * (HV * K) + o_t[:, None], mask=m_t[None, :],
+                       other=0.0).to(dt)
+    else:
+        e_buf += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
+        tl.store(e_buf + o_t[:, None] * BT + o_t[None, :], b_E)
+        tl.debug_barrier()
+        b_Et = tl.load(e_buf + o_t[None, :] * BT + o_t[:, None])
+    tl.debug_barrier()  # every lane has read E' before phase D writes dk over it
+
+    # ---- D: dK = kd ⊙ V' dS^T + (dP ⊙ D)^T scale Q + β ⊙ C + E'^T (βK) ----
+    kd = tl.where(m_t, tl.exp(g_last - b_g), 0.0)
+    b_kds = tl.zeros([BT], dtype=tl.float32)  # k·dK_state
+    b_wr = tl.zeros([BT], dtype=tl.float32)  # k·Γ(T^T dW)
+    b_sds = tl.zeros([BK], dtype=tl.float32)
+    for i_k in range(0, K, BK):
+        o_k = i_k + tl.arange(0, BK)
+        m_k = o_k < K
+        m_tk = m_t[:, None] & m_k[None, :]
+        off_vk = o_k[None, :] * V
+        b_dks = tl.zeros([BT, BK], dtype=tl.float32)
+        b_dw = tl.zeros([BT, BK], dtype=tl.float32)  # dU S^T (= -dW)
+        for i_v in range(0, V, BV):
+            o_v = i_v + tl.arange(0, BV)
+            m_v = o_v < V
+            m_tv = m_t[:, None] & m_v[None, :]
+            m_vk = m_v[:, None] & m_k[None, :]
+            off_tv = o_t[:, None] * (HV * V) + o_v[None, :]
+            b_vn = tl.load(v_new + off_tv, mask=m_tv, other=0.0).to(dt)
+            b_du = tl.load(du + off_tv, mask=m_tv, other=0.0).to(dt)
+            b_dht = tl.load(dh + off_vk + o_v[:, None], mask=m_vk, other=0.0,
+                            eviction_policy="evict_first")
+            b_ht = tl.load(h + off_vk + o_v[:, None], mask=m_vk, other=0.0)
+            b_dks = tl.dot(b_vn, b_dht.to(dt), b_dks, input_precision=DOT_PREC)
+            b_dw = tl.dot(b_du, b_ht.to(dt), b_dw, input_precision=DOT_PREC)
+            b_sds += tl.sum(b_ht.to(tl.float32) * b_dht.to(tl.float32), axis=0)
+        off_qk = o_t[:, None] * (H * K) + o_k[None, :]
+        b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
+        b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
+        b_kf = b_k.to(tl.float32)
+        b_dks = b_dks * kd[:, None]
+        b_kds += tl.sum(b_kf * b_dks, axis=1)
+        b_acc = tl.dot(b_Tt, (-b_dw).to(dt), input_precision=DOT_PREC) * b_gam[:, None]
+        b_wr += tl.sum(b_acc * b_kf, axis=1)
+        b_acc = tl.dot(b_E, b_k, b_acc, input_precision=DOT_PREC)  # C
+        b_db += tl.sum(b_acc * b_kf, axis=1)
+        b_acc = tl.dot(b_Et, (b_kf * b_b[:, None]).to(dt), b_acc * b_b[:, None],
+                       input_precision=DOT_PREC)
+        b_acc = tl.dot(b_dst16, b_q, b_acc + b_dks, input_precision=DOT_PREC)
+        tl.store(dk + o_t[:, None] * (HV * K) + o_k[None, :], b_acc.to(dk.dtype.element_ty),
+                 mask=m_tk)
+
+    # dg: exp(G_last)⟨S, dS⟩ on every token, Σ_{j<t} k_j·dK_state_j (a masked sum, no
+    # exclusive scan formed as inclusive minus self), the WY row term's reverse cumsum.
+    b_dg += tl.exp(g_last) * tl.sum(b_sds, axis=0)
+    b_dg += tl.sum(tl.where(o_t[:, None] < o_t[None, :], b_kds[:, None], 0.0), axis=0)
+    b_dg += tl.cumsum(b_b * b_wr, axis=0, reverse=True)
+    p_s = o_t * HV
+    tl.store(dg + start * HV + i_hv + p_s, b_dg.to(dg.dtype.element_ty), mask=m_t)
+    tl.store(dbeta + start * HV + i_hv + p_s, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+
+
+def chunk_grads_config(K: int, V: int) -> dict:
+    """Pinned launch configuration: 64-column blocks of K and V, 8 warps."""
+    return {
+        "BK": dot_tile(K, 64),
+        "BV": dot_tile(V, 64),
+        "num_warps": 8,
+        "num_stages": 2,
+        "maxnreg": None,
+    }
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_grads_kernel,))
+def chunk_grads_bwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_new: torch.Tensor,
+    h: torch.Tensor,
+    dh: torch.Tensor,
+    do: torch.Tensor,
+    du: torch.Tensor,
+    G: torch.Tensor,
+    beta: torch.Tensor,
+    A_inv: torch.Tensor,
+    scale: float,
+    index: ChunkIndex,
+    group: int,
+    g_dtype: torch.dtype,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every chunk-local gradient after the state backward.
+
+    ``q, k: [T,H,K]``; ``v, v_new, do, du (= dV'): [T,HV,V]``; ``h, dh: [NT,HV,K,V]``
+    (the state entering each chunk, ``dS`` of the state leaving it); ``G, beta: [T,HV]``
+    (``G`` fp32); ``A_inv: [T,HV,64]`` (the forward's inverse, fp32 or, for 16-bit
+    inputs, :func:`~gdn_core.ops.wy.inverse_for_backward`'s 16-bit copy).
+    ``dq``/``dk``: result buffers ``[T,HV,K]`` contiguous, fp32 per value head
+    partials (the default) or, with ``group == 1``, the final gradients in any float
+    dtype.
+
+    Returns ``(dq, dk, dv [T,HV,V] in v's dtype, dbeta [T,HV] in beta's dtype,
+    dg [T,HV] in g_dtype)``.
+
+    Raises:
+        ValueError: a ``dq``/``dk`` buffer of another shape or not contiguous.
+    """
+    T, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    dev = k.device
+    bufs = []
+    for name, buf in (("dq", dq), ("dk", dk)):
+        if buf is None:
+            buf = torch.empty(T, HV, K, dtype=torch.float32, device=dev)
+        elif tuple(buf.shape) != (T, HV, K) or not buf.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {(T, HV, K)} tensor, got "
+                             f"{tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
+        bufs.append(buf)
+    dq, dk = bufs
+    dv = torch.empty(T, HV, V, dtype=v.dtype, device=dev)
+    dbeta = torch.empty(T, HV, dtype=beta.dtype, device=dev)
+    dg = torch.empty(T, HV, dtype=g_dtype, device=dev)
+    NT = index.num_chunks
+    if NT == 0 or HV == 0:
+        return dq, dk, dv, dbeta, dg
+    cfg = chunk_grads_config(K, V)
+    C = index.chunk_size
+    # E' rides in dk's rows when they hold 64 columns without rounding it further.
+    e_in_dk = K >= C and dk.dtype in (k.dtype, torch.float32)
+    e_buf = dk if e_in_dk else torch.empty(NT * HV * C * C, dtype=k.dtype, device=dev)
+    _chunk_grads_kernel[(NT, HV)](
+        q, k, v, v_new, h, dh, do, du, G, beta, A_inv, dq, dk, dv, dbeta, dg, e_buf,
+        index.chunk_start, index.chunk_len, float(scale),
+        H=H, HV=HV, K=K, V=V, GROUP=group, BT=C, BK=cfg["BK"], BV=cfg["BV"],
+        E_IN_DK=e_in_dk, DOT_PREC=dot_precision(k.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
+    )
+    return dq, dk, dv, dbeta, dg
