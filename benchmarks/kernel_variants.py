@@ -110,8 +110,8 @@ def _kernels(p: dict) -> dict:
     grid = itertools.product
     return {
         "chunk_grads": (chunk_grads_bwd, "chunk_grads_config", chunk_grads,
-                        [dict(num_warps=4, num_stages=2), dict(num_warps=8, num_stages=1),
-                         dict(num_warps=8, num_stages=3), dict(num_warps=8, maxnreg=232)]),
+                        [dict(num_warps=8, num_stages=2), dict(num_warps=4, num_stages=1),
+                         dict(num_warps=4, maxnreg=168)]),
         "dqkwg_wy": (dqkwg, "dqkwg_config", dqkwg_then_wy, []),
         "state_fwd": (chunk_state, "chunk_state_config", state_fwd,
                       [dict(BV=bv, num_warps=w, num_stages=s)  # 4/8 warps x 2/3 stages:

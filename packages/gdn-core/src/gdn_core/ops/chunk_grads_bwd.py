@@ -63,46 +63,22 @@ __all__ = ["chunk_grads_bwd", "chunk_grads_config"]
 
 
 @triton.jit
-def _chunk_grads_kernel(
-    q,
-    k,
-    v,
-    v_new,
-    h,
-    dh,
-    do,
-    du,
-    G,
-    beta,
-    A_inv,
-    dq,
-    dk,
-    dv,
-    dbeta,
-    dg,
-    e_buf,
-    chunk_start,
-    chunk_len,
-    scale,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    GROUP: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    E_IN_DK: tl.constexpr,
+def _dq_dv_kernel(
+    q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dv, dT, dg_part, db_part,
+    chunk_start, chunk_len, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
+    """Phases A and B: ``dv``, ``dQ`` (stored), ``dT`` (stored in the input dtype, the
+    precision its products read it in), ``Σ_{i≥t} q_i·dQ_state_i`` and ``v·dṼ``
+    (fp32 partials of ``dg`` and ``dβ``)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
     dt = k.dtype.element_ty
     start = tl.load(chunk_start + i_c).to(tl.int64)
     L = tl.load(chunk_len + i_c)
-
-    # 64-bit scalar bases for this chunk and head; tile offsets are 32-bit.
     q += start * (H * K) + i_h * K
     k += start * (H * K) + i_h * K
     tv = start * (HV * V) + i_hv * V
@@ -111,32 +87,24 @@ def _chunk_grads_kernel(
     do += tv
     du += tv
     dv += tv
-    st = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
-    h += st
-    dh += st
-    hk = start * (HV * K) + i_hv * K
-    dq += hk
-    dk += hk
+    h += (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+    dq += start * (HV * K) + i_hv * K
     A_inv += start * (HV * BT) + i_hv * BT
     G += start * HV + i_hv
     beta += start * HV + i_hv
+    dT += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
 
     o_t = tl.arange(0, BT)
     m_t = o_t < L
     m_valid = m_t[:, None] & m_t[None, :]
     b_g = tl.load(G + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
-    g_last = tl.load(G + (L - 1) * HV).to(tl.float32)
     b_b = tl.load(beta + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
     b_gam = tl.where(m_t, tl.exp(b_g), 0.0)
-
-    # T^T: T loaded row-major (row mask only, so the loads vectorise), transposed as a
-    # loaded operand.
     b_T = tl.load(A_inv + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0.0)
     b_Tt = tl.trans(tl.where(m_valid, b_T, 0.0).to(dt))
 
-    # ---- A: dP, dP^T, dT's dU half; dv and v·dṼ ----
+    # ---- A: dP, dT's dU half; dv and v·dṼ ----
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # [i, j] = dO_i . V'_j
-    b_dpt = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i]
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     b_db = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(0, V, BV):
@@ -148,7 +116,6 @@ def _chunk_grads_kernel(
         b_du = tl.load(du + off_tv, mask=m_tv, other=0.0).to(dt)
         b_v = tl.load(v + off_tv, mask=m_tv, other=0.0).to(tl.float32)
         b_dp = tl.dot(b_do, tl.trans(b_vn), b_dp, input_precision=DOT_PREC)
-        b_dpt = tl.dot(b_vn, tl.trans(b_do), b_dpt, input_precision=DOT_PREC)
         b_dT = tl.dot(b_du, tl.trans((b_v * b_b[:, None]).to(dt)), b_dT,
                       input_precision=DOT_PREC)
         b_dvt = tl.dot(b_Tt, b_du, input_precision=DOT_PREC)
@@ -157,21 +124,6 @@ def _chunk_grads_kernel(
     m_low = (o_t[:, None] >= o_t[None, :]) & m_valid  # [i, j], i >= j
     b_ds = (b_dp * tl.exp(tl.where(m_low, b_g[:, None] - b_g[None, :], float("-inf")))
             * scale).to(dt)
-    m_up = (o_t[:, None] <= o_t[None, :]) & m_valid  # [j, i], i >= j
-    b_dst = b_dpt * tl.exp(tl.where(m_up, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
-
-    # dg: the pairs of Mo crossing each token, from Moᵀ = (dP ⊙ D)ᵀ scale ⊙ K Qᵀ (formed
-    # here, so that neither K Qᵀ nor the fp32 (dP ⊙ D)ᵀ is live through phase B).
-    b_kq = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = k_j . q_i
-    for i_k in range(0, K, BK):
-        o_k = i_k + tl.arange(0, BK)
-        m_tk = m_t[:, None] & (o_k < K)[None, :]
-        off_qk = o_t[:, None] * (H * K) + o_k[None, :]
-        b_kq = tl.dot(tl.load(k + off_qk, mask=m_tk, other=0.0),
-                      tl.trans(tl.load(q + off_qk, mask=m_tk, other=0.0)), b_kq,
-                      input_precision=DOT_PREC)
-    b_dg = crossing_sums_t(b_dst * b_kq, o_t)
-    b_dst16 = b_dst.to(dt)
 
     # ---- B: dQ (stored), dW into dT ----
     b_dgq = tl.zeros([BT], dtype=tl.float32)  # q·dQ_state, summed over K blocks
@@ -197,48 +149,106 @@ def _chunk_grads_kernel(
         off_qk = o_t[:, None] * (H * K) + o_k[None, :]
         b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
         b_q = tl.load(q + off_qk, mask=m_tk, other=0.0)
-        b_kf = b_k.to(tl.float32)
         b_dqs = b_dqs * (b_gam * scale)[:, None]
         b_dgq += tl.sum(b_q.to(tl.float32) * b_dqs, axis=1)
         b_dq = tl.dot(b_ds, b_k, b_dqs, input_precision=DOT_PREC)
         tl.store(dq + o_t[:, None] * (HV * K) + o_k[None, :], b_dq.to(dq.dtype.element_ty),
                  mask=m_tk)
-        b_dT = tl.dot((-b_dw).to(dt), tl.trans((b_kf * b_bg[:, None]).to(dt)), b_dT,
-                      input_precision=DOT_PREC)
-    b_dg += tl.cumsum(b_dgq, axis=0, reverse=True)  # dg: Σ_{i ≥ t} q_i·dQ_state_i
+        b_dT = tl.dot((-b_dw).to(dt), tl.trans((b_k.to(tl.float32) * b_bg[:, None]).to(dt)),
+                      b_dT, input_precision=DOT_PREC)
+    o_e = o_t[:, None] * BT + o_t[None, :]
+    tl.store(dT + o_e, b_dT.to(dT.dtype.element_ty))
+    p_s = (start + o_t) * HV + i_hv
+    tl.store(dg_part + p_s, tl.cumsum(b_dgq, axis=0, reverse=True), mask=m_t)
+    tl.store(db_part + p_s, b_db, mask=m_t)
 
-    # ---- C: E' = (-T^T dT T^T) ⊙ e on the strict lower triangle; Mw's pairs ----
+
+@triton.jit
+def _dk_kernel(
+    q, k, v_new, h, dh, do, du, G, beta, A_inv, dT, dg_part, db_part, dk, dbeta, dg,
+    chunk_start, chunk_len, scale,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    GROUP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    """Phases C and D: ``E'`` from ``dT`` (whose slot then carries ``E'ᵀ``), ``dK``
+    (stored), and ``dg``/``dβ`` completed from the first kernel's partials."""
+    i_c = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_h = i_hv // GROUP
+    dt = k.dtype.element_ty
+    start = tl.load(chunk_start + i_c).to(tl.int64)
+    L = tl.load(chunk_len + i_c)
+    q += start * (H * K) + i_h * K
+    k += start * (H * K) + i_h * K
+    tv = start * (HV * V) + i_hv * V
+    v_new += tv
+    do += tv
+    du += tv
+    st = (i_c.to(tl.int64) * HV + i_hv) * (K * V)
+    h += st
+    dh += st
+    dk += start * (HV * K) + i_hv * K
+    A_inv += start * (HV * BT) + i_hv * BT
+    G += start * HV + i_hv
+    beta += start * HV + i_hv
+    dT += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
+
+    o_t = tl.arange(0, BT)
+    m_t = o_t < L
+    m_valid = m_t[:, None] & m_t[None, :]
+    b_g = tl.load(G + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+    g_last = tl.load(G + (L - 1) * HV).to(tl.float32)
+    b_b = tl.load(beta + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+    b_gam = tl.where(m_t, tl.exp(b_g), 0.0)
+    b_T = tl.load(A_inv + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0.0)
+    b_Tt = tl.trans(tl.where(m_valid, b_T, 0.0).to(dt))
+
+    # ---- C: E' = (-T^T dT T^T) ⊙ e on the strict lower triangle; K Kᵀ, K Qᵀ ----
+    o_e = o_t[:, None] * BT + o_t[None, :]
     m_low1 = (o_t[:, None] > o_t[None, :]) & m_valid
-    b_x = tl.dot(b_dT.to(dt), b_Tt, input_precision=DOT_PREC)
+    b_x = tl.dot(tl.load(dT + o_e).to(dt), b_Tt, input_precision=DOT_PREC)
     b_dA = tl.dot(b_Tt, b_x.to(dt), input_precision=DOT_PREC)
     b_E = tl.where(m_low1, -b_dA * tl.exp(tl.where(m_low1, b_g[:, None] - b_g[None, :], 0.0)),
                    0.0)
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kq = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = k_j . q_i
     for i_k in range(0, K, BK):
         o_k = i_k + tl.arange(0, BK)
-        b_k = tl.load(k + o_t[:, None] * (H * K) + o_k[None, :],
-                      mask=m_t[:, None] & (o_k < K)[None, :], other=0.0)
+        m_tk = m_t[:, None] & (o_k < K)[None, :]
+        off_qk = o_t[:, None] * (H * K) + o_k[None, :]
+        b_k = tl.load(k + off_qk, mask=m_tk, other=0.0)
         b_kk = tl.dot(b_k, tl.trans(b_k), b_kk, input_precision=DOT_PREC)
-    b_dg += crossing_sums(b_E * b_b[:, None] * b_kk, o_t)
+        b_kq = tl.dot(b_k, tl.trans(tl.load(q + off_qk, mask=m_tk, other=0.0)), b_kq,
+                      input_precision=DOT_PREC)
+    b_dg = crossing_sums(b_E * b_b[:, None] * b_kk, o_t)  # Mw's pairs
     b_E = b_E.to(dt)
-    # E'^T through memory: this program's rows of dk (K >= 64) or its scratch slot.
-    if E_IN_DK:
-        tl.store(dk + o_t[:, None] * (HV * K) + o_t[None, :], b_E.to(dk.dtype.element_ty),
-                 mask=m_t[:, None])
-        tl.debug_barrier()
-        b_Et = tl.load(dk + o_t[None, :] * (HV * K) + o_t[:, None], mask=m_t[None, :],
-                       other=0.0).to(dt)
-    else:
-        e_buf += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
-        tl.store(e_buf + o_t[:, None] * BT + o_t[None, :], b_E)
-        tl.debug_barrier()
-        b_Et = tl.load(e_buf + o_t[None, :] * BT + o_t[:, None])
-    tl.debug_barrier()  # every lane has read E' before phase D writes dk over it
+    # E'^T through dT's slot (spent): stored, a CTA barrier, read through swapped strides.
+    tl.debug_barrier()  # every lane has read dT
+    tl.store(dT + o_e, b_E.to(dT.dtype.element_ty))
+    tl.debug_barrier()
+    b_Et = tl.load(dT + o_t[None, :] * BT + o_t[:, None]).to(dt)
+
+    # dPᵀ = V' dOᵀ, masked: Mo's pairs (from Moᵀ = (dP ⊙ D)ᵀ scale ⊙ K Qᵀ) and dK's
+    # intra-chunk operand.
+    b_dpt = tl.zeros([BT, BT], dtype=tl.float32)  # [j, i] = V'_j . dO_i
+    for i_v in range(0, V, BV):
+        o_v = i_v + tl.arange(0, BV)
+        m_tv = m_t[:, None] & (o_v < V)[None, :]
+        off_tv = o_t[:, None] * (HV * V) + o_v[None, :]
+        b_vn = tl.load(v_new + off_tv, mask=m_tv, other=0.0).to(dt)
+        b_do = tl.load(do + off_tv, mask=m_tv, other=0.0).to(dt)
+        b_dpt = tl.dot(b_vn, tl.trans(b_do), b_dpt, input_precision=DOT_PREC)
+    m_up = (o_t[:, None] <= o_t[None, :]) & m_valid  # [j, i], i >= j
+    b_dst = b_dpt * tl.exp(tl.where(m_up, b_g[None, :] - b_g[:, None], float("-inf"))) * scale
+    b_dg += crossing_sums_t(b_dst * b_kq, o_t)
+    b_dst16 = b_dst.to(dt)
 
     # ---- D: dK = kd ⊙ V' dS^T + (dP ⊙ D)^T scale Q + β ⊙ C + E'^T (βK) ----
     kd = tl.where(m_t, tl.exp(g_last - b_g), 0.0)
     b_kds = tl.zeros([BT], dtype=tl.float32)  # k·dK_state
     b_wr = tl.zeros([BT], dtype=tl.float32)  # k·Γ(T^T dW)
+    b_db = tl.zeros([BT], dtype=tl.float32)
     b_sds = tl.zeros([BK], dtype=tl.float32)
     for i_k in range(0, K, BK):
         o_k = i_k + tl.arange(0, BK)
@@ -278,27 +288,30 @@ def _chunk_grads_kernel(
                  mask=m_tk)
 
     # dg: exp(G_last)⟨S, dS⟩ on every token, Σ_{j<t} k_j·dK_state_j (a masked sum, no
-    # exclusive scan formed as inclusive minus self), the WY row term's reverse cumsum.
+    # exclusive scan formed as inclusive minus self), the WY row term's reverse cumsum,
+    # and the first kernel's reverse cumsum of q·dQ_state.
     b_dg += tl.exp(g_last) * tl.sum(b_sds, axis=0)
     b_dg += tl.sum(tl.where(o_t[:, None] < o_t[None, :], b_kds[:, None], 0.0), axis=0)
     b_dg += tl.cumsum(b_b * b_wr, axis=0, reverse=True)
-    p_s = o_t * HV
-    tl.store(dg + start * HV + i_hv + p_s, b_dg.to(dg.dtype.element_ty), mask=m_t)
-    tl.store(dbeta + start * HV + i_hv + p_s, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+    p_s = (start + o_t) * HV + i_hv
+    b_dg += tl.load(dg_part + p_s, mask=m_t, other=0.0)
+    b_db += tl.load(db_part + p_s, mask=m_t, other=0.0)
+    tl.store(dg + p_s, b_dg.to(dg.dtype.element_ty), mask=m_t)
+    tl.store(dbeta + p_s, b_db.to(dbeta.dtype.element_ty), mask=m_t)
 
 
 def chunk_grads_config(K: int, V: int) -> dict:
-    """Pinned launch configuration: 64-column blocks of K and V, 8 warps."""
+    """Pinned launch configuration of both kernels: 64-column blocks of K and V, 4 warps."""
     return {
         "BK": dot_tile(K, 64),
         "BV": dot_tile(V, 64),
-        "num_warps": 8,
+        "num_warps": 4,
         "num_stages": 2,
         "maxnreg": None,
     }
 
 
-@launcher(uses_atomics=False, kernels=(_chunk_grads_kernel,))
+@launcher(uses_atomics=False, kernels=(_dq_dv_kernel, _dk_kernel))
 def chunk_grads_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -354,14 +367,18 @@ def chunk_grads_bwd(
         return dq, dk, dv, dbeta, dg
     cfg = chunk_grads_config(K, V)
     C = index.chunk_size
-    # E' rides in dk's rows when they hold 64 columns without rounding it further.
-    e_in_dk = K >= C and dk.dtype in (k.dtype, torch.float32)
-    e_buf = dk if e_in_dk else torch.empty(NT * HV * C * C, dtype=k.dtype, device=dev)
-    _chunk_grads_kernel[(NT, HV)](
-        q, k, v, v_new, h, dh, do, du, G, beta, A_inv, dq, dk, dv, dbeta, dg, e_buf,
-        index.chunk_start, index.chunk_len, float(scale),
-        H=H, HV=HV, K=K, V=V, GROUP=group, BT=C, BK=cfg["BK"], BV=cfg["BV"],
-        E_IN_DK=e_in_dk, DOT_PREC=dot_precision(k.dtype),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"],
-    )
+    # dT leaves the first kernel in k's dtype (its products read it so) and its slot
+    # carries E'ᵀ in the second; the fp32 partials of dg and dβ are [T, HV].
+    dT = torch.empty(NT * HV * C * C, dtype=k.dtype, device=dev)
+    dg_part = torch.empty(T, HV, dtype=torch.float32, device=dev)
+    db_part = torch.empty(T, HV, dtype=torch.float32, device=dev)
+    meta = dict(H=H, HV=HV, K=K, V=V, GROUP=group, BT=C, BK=cfg["BK"], BV=cfg["BV"],
+                DOT_PREC=dot_precision(k.dtype), num_warps=cfg["num_warps"],
+                num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
+    _dq_dv_kernel[(NT, HV)](
+        q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dv, dT, dg_part, db_part,
+        index.chunk_start, index.chunk_len, float(scale), **meta)
+    _dk_kernel[(NT, HV)](
+        q, k, v_new, h, dh, do, du, G, beta, A_inv, dT, dg_part, db_part, dk, dbeta, dg,
+        index.chunk_start, index.chunk_len, float(scale), **meta)
     return dq, dk, dv, dbeta, dg
