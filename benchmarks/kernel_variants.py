@@ -1,4 +1,4 @@
-"""Launch-configuration variants of the state and WY-backward kernels, timed (GPU only).
+"""Launch-configuration variants of the state and chunk-gradient kernels, timed (GPU only).
 
 The per-kernel profile against fla (``results/2026-11-30-h200-s4-profile-vs-fla-D8.md``)
 puts our state forward (0.32 vs 0.21 ms a call) and WY backward (0.71 vs 0.53 ms)
@@ -11,7 +11,7 @@ T32768 H16 K=V=128 with 1 and 8 documents (``common.time_fn``: CUDA-event median
 from the pinned result (Triton 3.6 gets some narrow blocks wrong on Hopper:
 ``gdn_core.ops.tiles``; a variant is only a candidate if it agrees).
 
-    python benchmarks/kernel_variants.py [--kernels state_fwd,state_bwd,wy_bwd]
+    python benchmarks/kernel_variants.py [--kernels state_fwd,state_bwd,chunk_grads]
 
 ``--check`` runs every variant once, untimed, on a small problem: with
 ``TRITON_INTERPRET=1 ... --check --device cpu`` it checks the plumbing without a GPU.
@@ -52,7 +52,6 @@ def _problem(T: int, docs: int, device: str) -> dict:
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
-    from gdn_core.ops.dqkwg import dqkwg_bwd
     from gdn_core.ops.dv_local import dv_local_bwd
     from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
@@ -68,16 +67,14 @@ def _problem(T: int, docs: int, device: str) -> dict:
     scale = D**-0.5
     dvl = dv_local_bwd(q, k, G, do, scale, index, 1)
     dh, dvp, _ = chunk_state_bwd(q, k, W, G, do, dvl, None, scale, index, 1)
-    _, dk_part, dw, dg_part = dqkwg_bwd(q, k, v_new, h, G, do, dh, dvp, scale, index, 1)
     return dict(q=q, k=k, v=v, beta=beta, G=G, W=W, U=U, A_inv=A_inv, do=do, dvl=dvl,
-                dvp=dvp, dw=dw, dk_part=dk_part, dk_out=torch.empty_like(dk_part),
-                dg_part=dg_part, index=index, scale=scale, g_dtype=g.dtype, docs=docs,
+                dvp=dvp, index=index, scale=scale, g_dtype=g.dtype, docs=docs,
                 h=h, v_new=v_new, dh=dh)
 
 
 def _kernels(p: dict) -> dict:
     """name -> (config module, config function name, call, variants)."""
-    from gdn_core.ops import chunk_grads_bwd, chunk_state, chunk_state_bwd, dqkwg, wy_bwd
+    from gdn_core.ops import chunk_grads_bwd, chunk_state, chunk_state_bwd
 
     def state_fwd():
         return chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)[0]
@@ -86,11 +83,6 @@ def _kernels(p: dict) -> dict:
         return chunk_state_bwd.chunk_state_bwd(p["q"], p["k"], p["W"], p["G"], p["do"], p["dvl"],
                                                None, p["scale"], p["index"], 1)[0]
 
-    def wy_backward():  # dk_out: the fp32 partials stay as they are, call after call
-        return wy_bwd.wy_bwd(p["k"], p["v"], p["beta"], p["G"], p["A_inv"], p["dw"], p["dvp"],
-                             p["dk_part"], p["dg_part"], p["index"], 1, p["g_dtype"],
-                             dk_out=p["dk_out"])[0]
-
     def chunk_grads():  # direct bf16 dq/dk, as the backward runs it at one head per group
         dq = torch.empty_like(p["q"])
         return chunk_grads_bwd.chunk_grads_bwd(
@@ -98,21 +90,11 @@ def _kernels(p: dict) -> dict:
             p["beta"], p["A_inv"], p["scale"], p["index"], 1, p["g_dtype"], dq=dq,
             dk=torch.empty_like(p["k"]))[1]
 
-    def dqkwg_then_wy():  # the two kernels chunk_grads replaces, as the backward ran them
-        dq = torch.empty_like(p["q"])
-        _, dk_part, dw, dg_part = dqkwg.dqkwg_bwd(
-            p["q"], p["k"], p["v_new"], p["h"], p["G"], p["do"], p["dh"], p["dvp"], p["scale"],
-            p["index"], 1, dq=dq)
-        return wy_bwd.wy_bwd(p["k"], p["v"], p["beta"], p["G"], p["A_inv"], dw, p["dvp"],
-                             dk_part, dg_part, p["index"], 1, p["g_dtype"],
-                             dk_out=torch.empty_like(p["k"]))[0]
-
     grid = itertools.product
     return {
         "chunk_grads": (chunk_grads_bwd, "chunk_grads_config", chunk_grads,
                         [dict(num_warps=8, num_stages=2), dict(num_warps=4, num_stages=1),
                          dict(num_warps=4, maxnreg=168)]),
-        "dqkwg_wy": (dqkwg, "dqkwg_config", dqkwg_then_wy, []),
         "state_fwd": (chunk_state, "chunk_state_config", state_fwd,
                       [dict(BV=bv, num_warps=w, num_stages=s)  # 4/8 warps x 2/3 stages:
                        for bv, w, s in grid((32, 64), (2, 4), (3, 4))]),  # results/…-s5-…
@@ -120,9 +102,6 @@ def _kernels(p: dict) -> dict:
                       # BV=64, 8 warps and 1 stage fault or are wrong (results/…-s5-…)
                       [dict(BV=32, num_warps=w, num_stages=s)
                        for w, s in grid((2, 4), (2, 3, 4)) if (w, s) != (4, 3)]),
-        "wy_bwd": (wy_bwd, "wy_bwd_config", wy_backward,
-                   [dict(BK=b, BV=b, num_warps=w, maxnreg=r)
-                    for b, w, r in grid((32, 64), (4, 8), (168, None))]),
     }
 
 
@@ -157,7 +136,7 @@ def _run_one(args, p: dict, name: str, index: int | None) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--kernels", default="state_fwd,state_bwd,wy_bwd")
+    parser.add_argument("--kernels", default="state_fwd,state_bwd,chunk_grads")
     parser.add_argument("--docs", default="1,8", help="document counts, comma separated")
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--device", default="cuda")

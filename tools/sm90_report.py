@@ -10,8 +10,8 @@ with its wheel. Use the GPU machine's Triton for figures that match it::
 prints the WY kernel (inverting and applying) at bf16, K=V=128 (the example);
 ``... tools/sm90_report.py conv`` the causal conv1d kernels (bf16, width 4, SiLU, the
 three document sources, the pinned tiles; unit channel strides as the JIT sees
-them); ``... tools/sm90_report.py bwd`` the dQ/dK/dG and WY-backward kernels (bf16,
-K=V=128, the pinned configurations, one value head per q/k head); from Python,
+them); ``... tools/sm90_report.py bwd`` the two chunk-gradient kernels (bf16,
+K=V=128, the pinned configuration, one value head per q/k head); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any kernel.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
 int argument written ``"i32:16"`` as a multiple of 16 (the JIT specialises
@@ -107,25 +107,22 @@ def conv_reports() -> None:
 
 
 def bwd_reports() -> None:
-    """:func:`gdn_core.ops.dqkwg.dqkwg_bwd` and :func:`gdn_core.ops.wy_bwd.wy_bwd` as the
-    backward launches them (bf16, K=V=128, GROUP=1: ``dq``/``dk`` rounded into bf16)."""
-    from gdn_core.ops.dqkwg import _dqkwg_kernel, dqkwg_config
-    from gdn_core.ops.wy_bwd import _wy_bwd_kernel, wy_bwd_config
+    """The two kernels of :func:`gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd` as the
+    backward launches them (bf16, K=V=128, the pinned configuration, one value head per
+    q/k head: ``dq``/``dk`` rounded into bf16)."""
+    from gdn_core.ops.chunk_grads_bwd import _dk_kernel, _dq_dv_kernel, chunk_grads_config
 
     bf, f32 = "*bf16", "*fp32"
-    cfg = dqkwg_config(128, 128)
-    # q k v_new h G do dh dv dq dk dw dg chunk_start chunk_len scale T
-    report(_dqkwg_kernel, [bf, bf, bf, bf, f32, bf, bf, bf, bf, f32, bf, f32, "*i32", "*i32",
-                           "fp32", "i32:16"],
-           dict(H=16, HV=16, K=128, V=128, GROUP=1, BT=64, BK=cfg["BK"], BV=cfg["BV"],
-                DOT_PREC="tf32"), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    cfg = wy_bwd_config(128, 128)
-    # k v beta G A_inv dw du dk dk_out dg_part dv dbeta dg e_buf chunk_start chunk_len T
-    report(_wy_bwd_kernel, [bf, bf, bf, f32, f32, bf, bf, f32, bf, f32, bf, bf, bf, bf,
-                            "*i32", "*i32", "i32:16"],
-           dict(H=16, HV=16, K=128, V=128, GROUP=1, NKG=2, BT=64, BK=cfg["BK"], BV=cfg["BV"],
-                DOT_PREC="tf32"), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-           maxnreg=cfg["maxnreg"])
+    cfg = chunk_grads_config(128, 128)
+    meta = dict(H=16, HV=16, K=128, V=128, GROUP=1, BT=64, BK=cfg["BK"], BV=cfg["BV"],
+                DOT_PREC="tf32")
+    # q k v v_new h do du G beta A_inv dq dv dT dg_part db_part chunk_start chunk_len scale
+    report(_dq_dv_kernel, [bf] * 7 + [f32, bf, bf, bf, bf, bf, f32, f32, "*i32", "*i32", "fp32"],
+           meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    # q k v_new h dh do du G beta A_inv dT dg_part db_part dk dbeta dg chunk_start chunk_len
+    # scale
+    report(_dk_kernel, [bf] * 7 + [f32, bf, bf, bf, f32, f32, bf, bf, bf, "*i32", "*i32", "fp32"],
+           meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 if __name__ == "__main__":

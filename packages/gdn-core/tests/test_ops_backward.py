@@ -20,11 +20,9 @@ from gdn_core.ops.backward import (
 )
 from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
-from gdn_core.ops.dqkwg import dqkwg_bwd
 from gdn_core.ops.dv_local import dv_local_bwd
 from gdn_core.ops.group_reduce import group_reduce, group_reduce_atomic
 from gdn_core.ops.registry import record_launches
-from gdn_core.ops.wy_bwd import wy_bwd
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 C = CHUNK_SIZE
@@ -93,12 +91,12 @@ LAYOUTS = [
 ]
 
 
-# ------------------------------------------------------------- stage (a), (c)
+# ------------------------------------------------------------------ stage (a)
 
 
 @pytest.mark.parametrize("lengths,H,group,K,V", LAYOUTS)
-def test_dv_local_and_dqkwg(lengths, H, group, K, V):
-    """Local dV', and dQ/dK/dG of the output plus the state update; dW = −dV' Sᵀ."""
+def test_dv_local(lengths, H, group, K, V):
+    """Local dV' of the output (dS, dV' of later stages enter elsewhere)."""
     offs = _offsets(lengths)
     bounds = _bounds(offs)
     index = ChunkIndex.build(offs, DEVICE)
@@ -109,35 +107,15 @@ def test_dv_local_and_dqkwg(lengths, H, group, K, V):
     v_new = torch.randn(T, HV, V, generator=gen).to(DEVICE)
     h = (torch.randn(NT, HV, K, V, generator=gen) * 0.3).to(DEVICE)
     do = torch.randn(T, HV, V, generator=gen).to(DEVICE)
-    dh = torch.randn(NT, HV, K, V, generator=gen).to(DEVICE)
-    dvp = torch.randn(T, HV, V, generator=gen).to(DEVICE)
     scale = K**-0.5
 
-    leaves = [x.clone().requires_grad_(True) for x in (_expand(q, group), _expand(k, group),
-                                                        v_new, G)]
-    qe, ke, vn, Gl = leaves
-    o = ref.chunk_output_ref(qe, ke, vn, h, Gl, scale, bounds)
-    loss = (o * do).sum()
-    dv_local_want = torch.autograd.grad(loss, vn, retain_graph=True)[0]
-    loss = loss + (_state_next(ke, vn, h, Gl, bounds) * dh).sum()
-    dq_want, dk_want, _, dG_want = torch.autograd.grad(loss, leaves)
-
-    dv_local = dv_local_bwd(q, k, G, do, scale, index, group)
-    _close(dv_local, dv_local_want, 1e-5, "dv_local")
-
-    dq, dk, dw, dg = dqkwg_bwd(q, k, v_new, h, G, do, dh, dvp, scale, index, group)
-    _close(dq, dq_want, 1e-5, "dq")
-    _close(dk, dk_want, 1e-5, "dk")
-    _close(dg.sum(0), _rev_cumsum(dG_want, bounds), 1e-5, "dg partials")
-    dw_want = torch.cat(
-        [-torch.einsum("ihv,hkv->ihk", dvp[s:min(e, s + C)], h[c])
-         for c, (s, e) in enumerate((s, e) for b, e in bounds for s in range(b, e, C))]
-        or [dvp.new_zeros(0, HV, K)]
-    )
-    _close(dw, dw_want, 1e-5, "dw")
+    vn = v_new.clone().requires_grad_(True)
+    o = ref.chunk_output_ref(_expand(q, group), _expand(k, group), vn, h, G, scale, bounds)
+    dv_local_want = torch.autograd.grad((o * do).sum(), vn)[0]
+    _close(dv_local_bwd(q, k, G, do, scale, index, group), dv_local_want, 1e-5, "dv_local")
 
 
-# -------------------------------------------------------- stage (c), one kernel
+# ------------------------------------------------------------ stage (c), (d)
 
 
 def _chunk_dw(dvp, h, bounds):
@@ -259,61 +237,6 @@ def test_chunk_state_bwd(lengths, H, group, K, V, with_h0):
             assert torch.count_nonzero(dh0_nodht[n]) == 0
 
 
-# ------------------------------------------------------------------ stage (d)
-
-
-@pytest.mark.parametrize("lengths,H,group,K,V", LAYOUTS)
-def test_wy_bwd(lengths, H, group, K, V):
-    """dk, dv, dbeta, dg of ⟨W, dW⟩ + ⟨U, dU⟩ through wy_ref and chunk_cumsum_ref."""
-    offs = _offsets(lengths)
-    bounds = _bounds(offs)
-    index = ChunkIndex.build(offs, DEVICE)
-    q, k, v, g, beta = _inputs(lengths, H, group, K, V, seed=5)
-    T, HV = q.shape[0], H * group
-    gen = torch.Generator().manual_seed(6)
-    dW = torch.randn(T, HV, K, generator=gen).to(DEVICE)
-    dU = torch.randn(T, HV, V, generator=gen).to(DEVICE)
-    leaves = [x.clone().requires_grad_(True) for x in (_expand(k, group), v, beta, g)]
-    ke, vl, bl, gl = leaves
-    G = ref.chunk_cumsum_ref(gl, bounds)
-    A_inv, W, U = ref.wy_ref(ke, vl, bl, G, bounds)
-    loss = (W * dW).sum() + (U * dU).sum()
-    dk_want, dv_want, db_want, dg_want = torch.autograd.grad(loss, leaves)
-
-    G = G.detach()
-    dk0 = torch.randn(T, HV, K, generator=gen).to(DEVICE)  # partial from the dQ/dK stage
-    dg_part = torch.randn(2, T, HV, generator=gen).to(DEVICE)
-    dk, dv, dbeta, dg = wy_bwd(k, v, beta, G, A_inv.detach(), dW, dU, dk0.clone(),
-                               dg_part, index, group, g.dtype)
-    _close(dk, dk_want + dk0, 1e-5, "dk")
-    _close(dv, dv_want, 1e-5, "dv")
-    _close(dbeta, db_want, 1e-5, "dbeta")
-    _close(dg, dg_want + dg_part.sum(0), 1e-5, "dg")
-
-    # a lent scratch (a larger spent buffer, garbage inside) gives the same bits
-    NT, C2 = index.num_chunks, C * C
-    lent = torch.full((NT * HV * C2 + 7,), float("nan"), device=DEVICE)
-    again = wy_bwd(k, v, beta, G, A_inv.detach(), dW, dU, dk0.clone(), dg_part, index, group,
-                   g.dtype, scratch=lent)
-    for a, b in zip(again, (dk, dv, dbeta, dg)):
-        assert torch.equal(a, b)
-    if NT:
-        for bad in (lent[: NT * HV * C2 - 1], lent.double(), lent[::2]):
-            with pytest.raises(ValueError, match="scratch must be"):
-                wy_bwd(k, v, beta, G, A_inv.detach(), dW, dU, dk0.clone(), dg_part, index,
-                       group, g.dtype, scratch=bad)
-
-
-def _rev_cumsum(x, bounds):
-    """Reverse within-chunk cumsum along the token axis."""
-    out = torch.zeros_like(x)
-    for bos, eos in bounds:
-        for s in range(bos, eos, C):
-            e = min(eos, s + C)
-            out[s:e] = x[s:e].flip(0).cumsum(0).flip(0)
-    return out
-
-
 # ------------------------------------------------------------------ stage (e)
 
 
@@ -431,17 +354,6 @@ def test_group_one_rounds_dq_dk_in_their_kernels(dtype, K):
     with pytest.raises(ValueError, match="dq_part"):
         _from_recompute(*args, **kw, deterministic=True, workspace=lean,
                         dqk_dtype=torch.float32)
-
-
-def test_wy_bwd_rejects_a_dk_out_of_another_shape():
-    args, kw, index = _recompute_args([70, 33], 1, 1, 32, 16, seed=23)
-    q, k, v, beta, G, A_inv = args[:6]
-    T = k.shape[0]
-    dk = torch.zeros(T, 1, 32, device=DEVICE)
-    dg_part = torch.zeros(1, T, 1, device=DEVICE)
-    with pytest.raises(ValueError, match="dk_out must be a contiguous"):
-        wy_bwd(k, v, beta, G, A_inv, torch.zeros_like(k), torch.zeros_like(v), dk, dg_part,
-               index, 1, torch.float32, dk_out=torch.empty(T, 1, 16, device=DEVICE))
 
 
 def test_backward_drops_the_recomputed_tensors_once_spent():

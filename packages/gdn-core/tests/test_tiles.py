@@ -5,17 +5,16 @@ state's K extent in one tile where the kernel needs that."""
 from __future__ import annotations
 
 import pytest
+from gdn_core.ops.chunk_grads_bwd import chunk_grads_config
 from gdn_core.ops.chunk_state import chunk_state_config
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd_config
-from gdn_core.ops.dqkwg import dqkwg_config
 from gdn_core.ops.dv_local import dv_local_config
 from gdn_core.ops.output import chunk_output_config
 from gdn_core.ops.tiles import MIN_DOT_TILE, dot_tile
 from gdn_core.ops.wy import wy_config
-from gdn_core.ops.wy_bwd import wy_bwd_config
 
-CONFIGS = [chunk_state_config, chunk_state_bwd_config, dqkwg_config, dv_local_config,
-           chunk_output_config, wy_config, wy_bwd_config]
+CONFIGS = [chunk_state_config, chunk_state_bwd_config, chunk_grads_config, dv_local_config,
+           chunk_output_config, wy_config]
 WHOLE_K = {chunk_state_config, chunk_state_bwd_config}  # the state's rows live in one tile
 
 

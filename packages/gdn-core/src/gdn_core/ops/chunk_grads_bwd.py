@@ -1,11 +1,9 @@
-"""Backward stage (c): every chunk-local gradient in one kernel — dQ, dK, dv, dβ, dg.
+"""Backward stage (c): every chunk-local gradient — dQ, dK, dv, dβ, dg — in two kernels.
 
-Given the state backward's results (``dS`` per chunk, the full ``dV'``), one program
-per (chunk, value head ``hv``, q/k head ``hv // group``) computes what two kernels and
-an HBM round trip of ``dW``, an fp32 ``dK`` partial and per-K-block ``dg`` partials
-used to. With ``S = S_c`` (``h``), ``dS = dS_{c+1}`` (``dh``), ``V' = v_new``,
-``dU = dV'``, ``D_ij = exp(G_i − G_j) [i ≥ j]``, ``dP = dO V'ᵀ``, ``T = (I + A)^{-1}``
-(the forward's inverse) and ``e_ij = exp(G_i − G_j)``::
+Given the state backward's results (``dS`` per chunk, the full ``dV'``), per (chunk,
+value head ``hv``, q/k head ``hv // group``), with ``S = S_c`` (``h``), ``dS = dS_{c+1}``
+(``dh``), ``V' = v_new``, ``dU = dV'``, ``D_ij = exp(G_i − G_j) [i ≥ j]``,
+``dP = dO V'ᵀ``, ``T = (I + A)^{-1}`` (the forward's inverse), ``e_ij = exp(G_i − G_j)``::
 
     dQ  = scale diag(Γ) dO Sᵀ + scale (dP ⊙ D) K
     dW  = −dU Sᵀ,    dT = dW (diag(βΓ)K)ᵀ + dU (diag(β)V)ᵀ,    dṼ = Tᵀ dU
@@ -23,23 +21,29 @@ terms that survive enter: pairs crossing ``t``, the state terms of the tokens be
 cancel and leave ``ε·O(1)`` on tokens whose ``dg`` is tiny under strong decay;
 docs/math.md.)
 
-The program runs in four phases; every ``[64, ·]`` operand is one 64-column block:
+Two kernels, one program per (chunk, value head) each, every ``[64, ·]`` operand one
+64-column block:
 
-A. one sweep over V: ``dP``, ``dPᵀ`` (its own product ``V' dOᵀ``), the ``dU`` half
-   of ``dT``; ``dṼ`` per block gives ``dv`` (stored) and ``v·dṼ``;
-B. per K block, a sweep over V for ``dO Sᵀ`` and ``dW``: ``dQ`` is finished and
-   stored, ``dW`` enters ``dT``, ``K Qᵀ`` accumulates;
-C. ``E'`` from ``dT`` (two 64³ products), ``K Kᵀ``, the pair terms of ``dg``;
-   ``E'ᵀ`` comes back through memory (see below);
-D. per K block, a sweep over V for ``V' dSᵀ``, ``⟨S, dS⟩`` and ``dW`` again (from L2,
-   instead of holding it): ``dK`` is finished in one accumulator and stored.
+1. :func:`_dq_dv_kernel` — a sweep over V for ``dP`` and the ``dU`` half of ``dT``
+   (``dṼ`` per block gives ``dv``, stored, and ``v·dṼ``); per K block a sweep over V
+   for ``dO Sᵀ`` and ``dW``: ``dQ`` is finished and stored, ``dW`` enters ``dT``. It
+   hands over ``dT`` (``[64, 64]`` in the input dtype, the precision its products read
+   it in) and the fp32 ``[T, HV]`` partials ``Σ_{i≥t} q_i·dQ_state_i`` and ``v·dṼ``.
+2. :func:`_dk_kernel` — ``E'`` from ``dT`` (two 64³ products), ``K Kᵀ`` and ``K Qᵀ``,
+   ``dPᵀ`` again (its own product ``V' dOᵀ``) and the pair terms of ``dg``; per K block
+   a sweep over V for ``V' dSᵀ``, ``⟨S, dS⟩`` and ``dW`` again (from L2): ``dK`` is
+   finished in one accumulator and stored; ``dg`` and ``dβ`` are completed.
+
+What the pair of dQ/dK and WY-backward kernels before them wrote to HBM — ``dW``, an
+fp32 ``dK`` partial, per-K-block ``dg`` partials — is gone (8–9% less peak memory of a
+forward+backward); the time is the same (1.53 ms at B1 T32768 H16 in 8 documents, bf16,
+H200). One kernel doing all of it took 2.24 ms: 255 registers, one CTA an SM
+(``benchmarks/results/2026-12-01-h200-s10-chunk-grads-fused.md``).
 
 Triton 3.6 on Hopper miscompiles ``tl.trans`` of a ``tl.dot`` result fed to another
 dot, so transposed operands are loaded tiles (``tl.trans`` of a load is a view of
-shared memory) or come back through memory: ``E'`` is stored into this program's own
-rows of the ``dk`` output (which phase D overwrites; ``K ≥ 64``) or, for ``K < 64``,
-into its slot of a scratch buffer, and read back through swapped strides after a CTA
-barrier. No other program reads or writes those rows.
+shared memory) or come back through memory: ``E'ᵀ`` is read through swapped strides
+from the program's own ``dT`` slot after a CTA barrier.
 
 ``dq``/``dk``: per value head partials ``[T, HV, K]`` fp32 (summed over each group in
 a fixed order later), or with one value head per q/k head the final values in any
@@ -54,12 +58,32 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
-from gdn_core.ops.dqkwg import crossing_sums, crossing_sums_t
 from gdn_core.ops.dv_local import dot_precision
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
 __all__ = ["chunk_grads_bwd", "chunk_grads_config"]
+
+
+@triton.jit
+def crossing_sums(M, o_t):
+    """``c_t = Σ_{i ≥ t} Σ_{j < t} M_ij`` of a ``[BT, BT]`` tile (``o_t = arange(BT)``).
+
+    Only pairs crossing ``t`` enter: an inclusive scan along rows gives ``N_it =
+    Σ_{j ≤ t} M_ij``, a masked column sum ``c_{t+1} = Σ_{i > t} N_it``, then a shift
+    by one token (an exclusive scan formed as inclusive minus self would add
+    ``ε |M_tt|``). Scans along rows stay within a warp's lanes."""
+    N = tl.cumsum(M, axis=1)
+    c = tl.sum(tl.where(o_t[:, None] > o_t[None, :], N, 0.0), axis=0)
+    return tl.sum(tl.where(o_t[None, :] == o_t[:, None] - 1, c[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def crossing_sums_t(Mt, o_t):
+    """:func:`crossing_sums` of ``M`` given ``Mt = Mᵀ``: an inclusive reverse scan
+    along rows (``R_jt = Σ_{i ≥ t} M_ij``), then a masked column sum."""
+    R = tl.cumsum(Mt, axis=1, reverse=True)  # [j, t] = Σ_{i ≥ t} M_ij
+    return tl.sum(tl.where(o_t[:, None] < o_t[None, :], R, 0.0), axis=0)
 
 
 @triton.jit
@@ -331,7 +355,7 @@ def chunk_grads_bwd(
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every chunk-local gradient after the state backward.
+    """Every chunk-local gradient after the state backward (two launches).
 
     ``q, k: [T,H,K]``; ``v, v_new, do, du (= dV'): [T,HV,V]``; ``h, dh: [NT,HV,K,V]``
     (the state entering each chunk, ``dS`` of the state leaving it); ``G, beta: [T,HV]``
