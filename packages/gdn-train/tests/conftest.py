@@ -48,3 +48,12 @@ def api():
     from gdn_train.ops import API
 
     return API
+
+
+@pytest.fixture(scope="session")
+def package():
+    """This package (the imported module), for the shared suites that start child
+    interpreters importing it."""
+    import gdn_train
+
+    return gdn_train
