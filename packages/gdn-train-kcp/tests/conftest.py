@@ -50,3 +50,15 @@ def kcp_agree_worker():
 def kcp_compile_worker():
     """The gloo worker script of the shared compile suite, in this package's tests."""
     return Path(__file__).with_name("kcp_compile_worker.py")
+
+
+@pytest.fixture(scope="session")
+def kcp_world_worker():
+    """The gloo worker script of the shared world suite, in this package's tests."""
+    return Path(__file__).with_name("kcp_worker.py")
+
+
+@pytest.fixture(scope="session")
+def kcp_nccl_worker():
+    """The NCCL worker script of the shared NCCL suite, in this package's tests."""
+    return Path(__file__).with_name("kcp_nccl_worker.py")

@@ -25,9 +25,14 @@ from typing import Any
 
 import pytest
 import torch
-from torch._dynamo.utils import counters
 
 from gdn_core.layout import VarlenLayout
+from gdn_core.suites.dynamo_state import (
+    all_equal,
+    assert_all_close_bf16,
+    fresh_dynamo,
+    no_graph_breaks,
+)
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -77,22 +82,8 @@ def step(fn: Callable, params: dict, cu: Any, seg: int | None = None) -> list:
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    torch.use_deterministic_algorithms(before)
-
-
-def _equal(a: list, b: list) -> bool:
-    return all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
-def _close(a: list, b: list) -> None:
-    for x, y in zip(a, b, strict=True):
-        torch.testing.assert_close(x.float(), y.float(), rtol=2e-2, atol=2e-2)
+    with fresh_dynamo(deterministic_algorithms=True):
+        yield
 
 
 def _agree(a: list, b: list, tol: float = 1e-2) -> None:
@@ -118,20 +109,20 @@ def test_compiled_block_on_triton(api):
             got = step(compiled, params, cu)
             want = step(block, params, cu)
             if api.deterministic:
-                assert _equal(got, step(compiled, params, cu)), (backend, offs)
+                assert all_equal(got, step(compiled, params, cu)), (backend, offs)
             if api.deterministic and backend == "aot_eager":
-                assert _equal(got, want), offs
+                assert all_equal(got, want), offs
             else:
-                _close(got, want)
+                assert_all_close_bf16(got, want)
             lay = VarlenLayout(offs, device="cuda", max_docs=8)  # runs segment_size=0
             with_layout = step(compiled, params, lay)
             if api.deterministic:
                 plain = step(compiled, params, cu, 0)
-                assert _equal(with_layout, plain), (backend, offs)
+                assert all_equal(with_layout, plain), (backend, offs)
             else:
                 _agree(with_layout, got)
-                _close(with_layout, got)
-        assert not counters["graph_break"], dict(counters["graph_break"])
+                assert_all_close_bf16(with_layout, got)
+        no_graph_breaks()
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
@@ -169,8 +160,8 @@ def test_cuda_graph_training_step_replays_new_layouts(api, compiled):
         got = [out.clone()] + [t.grad.clone() for t in static.values()]
         if api.deterministic:
             want = step(block, batch, torch.tensor(offs), 0)
-            assert _equal(got, want), offs
+            assert all_equal(got, want), offs
         else:
             want = step(block, batch, torch.tensor(offs))
             _agree(got, want)
-            _close(got, want)
+            assert_all_close_bf16(got, want)
