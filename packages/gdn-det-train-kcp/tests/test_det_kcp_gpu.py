@@ -8,12 +8,15 @@ a distributed run (docs/context-parallel.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import gdn_det_train_kcp as kcp
 import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.conv1d import causal_conv1d
+from gdn_core.suites.kcp_run import gpu_inputs as make
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
@@ -41,20 +44,6 @@ def _deterministic():
     torch.use_deterministic_algorithms(before)
 
 
-def make(offsets, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, seed=0, l2=True):
-    T = offsets[-1]
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen)
-    if not l2:
-        k = k / k.norm(dim=-1, keepdim=True)
-    v = torch.randn(1, T, HV, V, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, generator=gen)) * 0.1
-    beta = torch.rand(1, T, HV, generator=gen)
-    do = torch.randn(1, T, HV, V, generator=gen)
-    return [x.to("cuda", dtype) for x in (q, k, v, g, beta, do)]
-
-
 def single(ins, offsets, l2=True):
     o, _, saved = chunk_gdn_fwd(*ins[:5], cu_seqlens=offsets, deterministic=True,
                                 use_qk_l2norm_in_kernel=l2)
@@ -70,6 +59,20 @@ def simulate(ins, plan, exchange, l2=True, workspaces=None):
     assert all(s.backend == "triton" for s in saveds)
     grads = kcp.chunk_gdn_det_bwd_kcp_simulated(saveds, sh[5], workspaces)
     return torch.cat(os_, 1), {n: torch.cat([getattr(g, n) for g in grads], 1) for n in GRADS}
+
+
+@contextmanager
+def _tf32(allowed: bool) -> Iterator[None]:
+    """fp32 matmuls with TF32 allowed ("medium" precision) or not ("highest")."""
+    prec = torch.get_float32_matmul_precision()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("medium" if allowed else "highest")
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prec)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 def rel_err(a, b):
@@ -117,18 +120,10 @@ def test_tf32_settings_do_not_change_bits():
     offsets, world = [0, 3000], 4
     ins = make(offsets, dtype=torch.float32)
     plan = kcp.partition_det_kcp(offsets, world, boundary="even")
-    prec = torch.get_float32_matmul_precision()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_tf32 = False
+    with _tf32(False):
         a = simulate(ins, plan, "allgather")
-        torch.set_float32_matmul_precision("medium")
-        torch.backends.cuda.matmul.allow_tf32 = True
+    with _tf32(True):
         b = simulate(ins, plan, "allgather")
-    finally:
-        torch.set_float32_matmul_precision(prec)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     assert torch.equal(a[0], b[0])
     for n in GRADS:
         assert torch.equal(a[1][n], b[1][n]), n
@@ -196,18 +191,10 @@ def test_segment_worlds_accuracy_and_tf32_independence():
     offsets, S, world = [0, 6000, 8192], 1024, 4
     ins = make(offsets, dtype=torch.float32)
     plan = kcp.partition_det_kcp(offsets, world, boundary="segment", segment_size=S)
-    prec = torch.get_float32_matmul_precision()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_tf32 = False
+    with _tf32(False):
         a = simulate(ins, plan, "allgather")
-        torch.set_float32_matmul_precision("medium")
-        torch.backends.cuda.matmul.allow_tf32 = True
+    with _tf32(True):
         b = simulate(ins, plan, "ring")
-    finally:
-        torch.set_float32_matmul_precision(prec)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
     assert torch.equal(a[0], b[0])
     for n in GRADS:
         assert torch.equal(a[1][n], b[1][n]), n

@@ -10,6 +10,7 @@ import torch
 
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.suites.kcp_mode import GRADS
+from gdn_core.testkit import kcp_case_inputs
 
 
 def inputs(offsets: list[int], H: int = 1, HV: int = 2, K: int = 16, V: int = 16,
@@ -28,6 +29,16 @@ def inputs(offsets: list[int], H: int = 1, HV: int = 2, K: int = 16, V: int = 16
     beta = torch.rand(1, T, HV, generator=gen)
     do = torch.randn(1, T, HV, V, generator=gen)
     return [x.to(device=device, dtype=dtype) for x in (q, k, v, g, beta, do)]
+
+
+def gpu_inputs(offsets: list[int], H: int = 4, HV: int = 8, K: int = 128, V: int = 128,
+               dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> list[torch.Tensor]:
+    """``[q, k, v, g, beta, do]`` on CUDA in ``dtype``, production-sized heads
+    (:func:`gdn_core.testkit.kcp_case_inputs`: log-sigmoid gates, for the in-kernel
+    L2 norm)."""
+    case = dict(offsets=offsets, H=H, HV=HV, K=K, V=V, seed=seed,
+                dtype=str(dtype).removeprefix("torch."))
+    return kcp_case_inputs(case, "cuda")
 
 
 def single_rank(ins: list[torch.Tensor], offsets: list[int], deterministic: bool,
