@@ -16,6 +16,7 @@ import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.conv1d import causal_conv1d
+from gdn_core.suites.dynamo_state import deterministic_algorithms
 from gdn_core.suites.kcp_run import gpu_inputs as make
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -38,10 +39,8 @@ LAYOUTS = [
 
 @pytest.fixture(autouse=True)
 def _deterministic():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(before)
+    with deterministic_algorithms(True):
+        yield
 
 
 def single(ins, offsets, l2=True):
@@ -73,6 +72,19 @@ def _tf32(allowed: bool) -> Iterator[None]:
     finally:
         torch.set_float32_matmul_precision(prec)
         torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _same_bits_with_and_without_tf32(ins, plan, exchange_with_tf32):
+    """The world without TF32 (allgather) and with it (``exchange_with_tf32``): the
+    same bits; returns the first run."""
+    with _tf32(False):
+        a = simulate(ins, plan, "allgather")
+    with _tf32(True):
+        b = simulate(ins, plan, exchange_with_tf32)
+    assert torch.equal(a[0], b[0])
+    for n in GRADS:
+        assert torch.equal(a[1][n], b[1][n]), n
+    return a
 
 
 def rel_err(a, b):
@@ -120,13 +132,7 @@ def test_tf32_settings_do_not_change_bits():
     offsets, world = [0, 3000], 4
     ins = make(offsets, dtype=torch.float32)
     plan = kcp.partition_det_kcp(offsets, world, boundary="even")
-    with _tf32(False):
-        a = simulate(ins, plan, "allgather")
-    with _tf32(True):
-        b = simulate(ins, plan, "allgather")
-    assert torch.equal(a[0], b[0])
-    for n in GRADS:
-        assert torch.equal(a[1][n], b[1][n]), n
+    _same_bits_with_and_without_tf32(ins, plan, "allgather")
 
 
 def test_conv_halo_on_gpu():
@@ -191,13 +197,7 @@ def test_segment_worlds_accuracy_and_tf32_independence():
     offsets, S, world = [0, 6000, 8192], 1024, 4
     ins = make(offsets, dtype=torch.float32)
     plan = kcp.partition_det_kcp(offsets, world, boundary="segment", segment_size=S)
-    with _tf32(False):
-        a = simulate(ins, plan, "allgather")
-    with _tf32(True):
-        b = simulate(ins, plan, "ring")
-    assert torch.equal(a[0], b[0])
-    for n in GRADS:
-        assert torch.equal(a[1][n], b[1][n]), n
+    a = _same_bits_with_and_without_tf32(ins, plan, "ring")
     o_plain, g_plain = single(ins, offsets)  # default segments: 1024 as well
     assert torch.equal(a[0], o_plain)
     low = make(offsets, dtype=torch.bfloat16)

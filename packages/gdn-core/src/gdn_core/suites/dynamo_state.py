@@ -1,4 +1,5 @@
-"""Fresh torch.compile state around a test (for the shared compile suites)."""
+"""torch state around a test, for the shared suites: deterministic algorithms, a fresh
+torch.compile, and the comparisons of the compile suites."""
 
 from __future__ import annotations
 
@@ -10,19 +11,29 @@ from torch._dynamo.utils import counters
 
 
 @contextmanager
-def fresh_dynamo(deterministic_algorithms: bool) -> Iterator[None]:
-    """Dynamo reset and its counters cleared before, reset again after; with
-    ``deterministic_algorithms``, torch's deterministic algorithms on meanwhile."""
+def deterministic_algorithms(switch_on: bool) -> Iterator[None]:
+    """With ``switch_on``, torch's deterministic algorithms on meanwhile; the setting
+    before restored after (either way)."""
     before = torch.are_deterministic_algorithms_enabled()
-    if deterministic_algorithms:
+    if switch_on:
         torch.use_deterministic_algorithms(True)
-    torch._dynamo.reset()
-    counters.clear()
     try:
         yield
     finally:
-        torch._dynamo.reset()
         torch.use_deterministic_algorithms(before)
+
+
+@contextmanager
+def fresh_dynamo(deterministic_algorithms_on: bool) -> Iterator[None]:
+    """Dynamo reset and its counters cleared before, reset again after; with
+    ``deterministic_algorithms_on``, torch's deterministic algorithms on meanwhile."""
+    with deterministic_algorithms(deterministic_algorithms_on):
+        torch._dynamo.reset()
+        counters.clear()
+        try:
+            yield
+        finally:
+            torch._dynamo.reset()
 
 
 def no_graph_breaks() -> None:

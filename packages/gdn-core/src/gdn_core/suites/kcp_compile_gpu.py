@@ -33,13 +33,11 @@ from gdn_core.suites.dynamo_state import (
     fresh_dynamo,
     no_graph_breaks,
 )
+from gdn_core.suites.gpu_marks import ONE_GPU
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = ONE_GPU
 
 # every document at most one segment long (1024 tokens): the ordinary path's
 # default segments and the static context's plain path then agree

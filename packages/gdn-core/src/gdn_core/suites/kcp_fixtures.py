@@ -46,25 +46,18 @@ def _worker(request: pytest.FixtureRequest, prefix: str, role: str) -> Path:
     return path
 
 
-@pytest.fixture(scope="module")
-def kcp_world_worker(request, kcp_worker_prefix: str) -> Path:
-    """The gloo worker script of the shared world suite, in the package's tests."""
-    return _worker(request, kcp_worker_prefix, "")
+def _worker_fixture(name: str, role: str, serves: str) -> Any:
+    """A module fixture ``name``: the path of the package's ``<prefix><role>_worker.py``."""
+
+    @pytest.fixture(scope="module", name=name)
+    def fixture(request, kcp_worker_prefix: str) -> Path:
+        return _worker(request, kcp_worker_prefix, role)
+
+    fixture.__doc__ = f"The worker script of the shared {serves}, in the package's tests."
+    return fixture
 
 
-@pytest.fixture(scope="module")
-def kcp_agree_worker(request, kcp_worker_prefix: str) -> Path:
-    """The gloo worker script of the shared agreement suite, in the package's tests."""
-    return _worker(request, kcp_worker_prefix, "_agree")
-
-
-@pytest.fixture(scope="module")
-def kcp_compile_worker(request, kcp_worker_prefix: str) -> Path:
-    """The gloo worker script of the shared compile suite, in the package's tests."""
-    return _worker(request, kcp_worker_prefix, "_compile")
-
-
-@pytest.fixture(scope="module")
-def kcp_nccl_worker(request, kcp_worker_prefix: str) -> Path:
-    """The NCCL worker script of the shared NCCL suite, in the package's tests."""
-    return _worker(request, kcp_worker_prefix, "_nccl")
+kcp_world_worker = _worker_fixture("kcp_world_worker", "", "world suite (gloo)")
+kcp_agree_worker = _worker_fixture("kcp_agree_worker", "_agree", "agreement suite (gloo)")
+kcp_compile_worker = _worker_fixture("kcp_compile_worker", "_compile", "compile suite (gloo)")
+kcp_nccl_worker = _worker_fixture("kcp_nccl_worker", "_nccl", "NCCL suite")

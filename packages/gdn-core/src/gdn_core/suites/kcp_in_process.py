@@ -21,6 +21,7 @@ import torch
 
 from gdn_core.conv1d import causal_conv1d
 from gdn_core.kcp.plan import Fragment
+from gdn_core.suites.dynamo_state import deterministic_algorithms
 from gdn_core.suites.kcp_mode import GRADS, agree, close, kcp_names
 from gdn_core.suites.kcp_run import inputs, run_simulated, shards, single_rank
 
@@ -32,11 +33,9 @@ CALLS = ("partition", "build_context", "update_context", "build_simulated_contex
 
 @pytest.fixture(autouse=True)
 def _deterministic_algorithms(kcp_api):
-    before = torch.are_deterministic_algorithms_enabled()
-    if kcp_api.deterministic:
-        torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(before)
+    """The deterministic package's tests under torch's deterministic algorithms."""
+    with deterministic_algorithms(kcp_api.deterministic):
+        yield
 
 
 def test_package_exports_the_api_calls(kcp_api, kcp_package):

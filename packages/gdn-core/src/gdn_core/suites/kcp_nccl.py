@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from gdn_core.kcp.testing import run_world
+from gdn_core.suites.dynamo_state import deterministic_algorithms
 from gdn_core.testkit import kcp_case_single_device, rel_err
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -68,11 +69,9 @@ def _gather(per_rank: list[list[dict]], i: int) -> dict:
 
 @pytest.fixture(autouse=True)
 def _deterministic(kcp_api):
-    before = torch.are_deterministic_algorithms_enabled()
-    if kcp_api.deterministic:
-        torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(before)
+    """The deterministic package's tests under torch's deterministic algorithms."""
+    with deterministic_algorithms(kcp_api.deterministic):
+        yield
 
 
 @pytest.mark.parametrize("world", [2, 4, 8])

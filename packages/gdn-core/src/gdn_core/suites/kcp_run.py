@@ -51,9 +51,15 @@ def single_rank(ins: list[torch.Tensor], offsets: list[int], deterministic: bool
     return o, chunk_gdn_bwd(saved, do, deterministic=deterministic)
 
 
+def shard(t: torch.Tensor, plan: Any, rank: int) -> torch.Tensor:
+    """``t``'s tokens of ``rank`` under ``plan``."""
+    start, stop = plan.token_range(rank)
+    return t[:, start:stop].contiguous()
+
+
 def shards(t: torch.Tensor, plan: Any) -> list[torch.Tensor]:
     """``t`` cut into the plan's per-rank token ranges."""
-    return [t[:, slice(*plan.token_range(r))].contiguous() for r in range(plan.world_size)]
+    return [shard(t, plan, r) for r in range(plan.world_size)]
 
 
 def run_simulated(api: Any, ins: list[torch.Tensor], plan: Any, exchange: str,

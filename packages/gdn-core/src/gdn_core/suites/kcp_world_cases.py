@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from gdn_core.suites.kcp_run import shard
+
 CONV_W = 4
 CONV_D = 8
 GDN_INPUTS = ("q", "k", "v", "g", "beta")
@@ -40,11 +42,6 @@ def make_inputs(case: dict) -> dict:
     b = torch.randn(CONV_D, generator=gen) * 0.1
     dy = torch.randn(1, T, CONV_D, generator=gen)
     return dict(q=q, k=k, v=v, g=g, beta=beta, do=do, x=x, w=w, b=b, dy=dy)
-
-
-def shard(t: torch.Tensor, plan: Any, rank: int) -> torch.Tensor:
-    start, stop = plan.token_range(rank)
-    return t[:, start:stop].contiguous()
 
 
 def plan_of(api: Any, case: dict, world_size: int) -> Any:

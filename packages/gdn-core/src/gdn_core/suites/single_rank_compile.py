@@ -20,6 +20,7 @@ from torch._dynamo.utils import counters
 
 from gdn_core import testkit
 from gdn_core.layout import VarlenLayout
+from gdn_core.suites.block_params import block_params
 from gdn_core.train_ops import SAVED_OUTPUTS
 
 T, H, HV, K, V, W = 96, 1, 2, 16, 16, 4
@@ -29,15 +30,7 @@ VARIED = ([0, 10, 70, 96], [0, 96], [0, 5, 6, 7, 96])
 
 
 def make_params(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return dict(
-        x=torch.randn(1, T, D, generator=gen),
-        g=-0.5 * torch.rand(1, T, HV, generator=gen),
-        beta=torch.rand(1, T, HV, generator=gen),
-        w=torch.randn(D, W, generator=gen) * 0.4,
-        b=torch.randn(D, generator=gen) * 0.1,
-        P=torch.randn(8, HV * V, generator=gen) * 0.2,
-    )
+    return block_params(T, D, HV, V, W, seed=seed, proj_rows=8, proj_scale=0.2)
 
 
 def make_block(api):
@@ -161,6 +154,7 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import importlib, json, sys, torch
     from gdn_core.layout import VarlenLayout
+from gdn_core.suites.block_params import block_params
     from gdn_core.suites.single_rank_compile import LAYOUTS, make_block, make_params, step
     block = make_block(importlib.import_module(sys.argv[1] + ".ops").API)
     params = make_params(5)

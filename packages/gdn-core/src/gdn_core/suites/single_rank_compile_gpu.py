@@ -27,19 +27,18 @@ import pytest
 import torch
 
 from gdn_core.layout import VarlenLayout
+from gdn_core.suites.block_params import block_params
 from gdn_core.suites.dynamo_state import (
     all_equal,
     assert_all_close_bf16,
     fresh_dynamo,
     no_graph_breaks,
 )
+from gdn_core.suites.gpu_marks import ONE_GPU
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = ONE_GPU
 
 T, H, HV, K, V, W = 2048, 2, 4, 128, 128, 4
 D = 2 * H * K + HV * V
@@ -47,15 +46,7 @@ LAYOUTS = ([0, 100, 1000, 2048], [0, 700, 701, 1500, 1999, 2048], [0, 2048])
 
 
 def make_params(seed: int, dtype: torch.dtype = torch.bfloat16) -> dict:
-    gen = torch.Generator().manual_seed(seed)
-    p = dict(
-        x=torch.randn(1, T, D, generator=gen),
-        g=-0.5 * torch.rand(1, T, HV, generator=gen),
-        beta=torch.rand(1, T, HV, generator=gen),
-        w=torch.randn(D, W, generator=gen) * 0.4,
-        b=torch.randn(D, generator=gen) * 0.1,
-        P=torch.randn(256, HV * V, generator=gen) * 0.05,
-    )
+    p = block_params(T, D, HV, V, W, seed=seed, proj_rows=256, proj_scale=0.05)
     return {n: t.to("cuda", dtype) for n, t in p.items()}
 
 
@@ -82,7 +73,7 @@ def step(fn: Callable, params: dict, cu: Any, seg: int | None = None) -> list:
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    with fresh_dynamo(deterministic_algorithms=True):
+    with fresh_dynamo(deterministic_algorithms_on=True):
         yield
 
 

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from gdn_core import testkit
+from gdn_core.suites.dynamo_state import deterministic_algorithms
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.pop("TRITON_INTERPRET", None)
@@ -38,10 +39,8 @@ __all__ = ["_deterministic", "api", "run_script"]
 
 @pytest.fixture(autouse=True)
 def _deterministic():
-    previous = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(previous)
+    with deterministic_algorithms(True):
+        yield
 
 
 @pytest.fixture

@@ -14,12 +14,10 @@ from typing import Any
 import pytest
 import torch
 
+from gdn_core.suites.gpu_marks import ONE_GPU
 from gdn_core.testkit import make_inputs, reference_gdn, rel_err, run_fwd_bwd
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = ONE_GPU
 
 LENGTHS = [1, 63, 64, 65, 500, 1100]
 
