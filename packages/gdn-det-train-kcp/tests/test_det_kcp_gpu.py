@@ -17,16 +17,14 @@ import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.conv1d import causal_conv1d
 from gdn_core.suites.dynamo_state import deterministic_algorithms
+from gdn_core.suites.gpu_marks import ONE_GPU
+from gdn_core.suites.kcp_mode import GRADS
+from gdn_core.suites.kcp_mode import relative_error as rel_err
 from gdn_core.suites.kcp_run import gpu_inputs as make
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
-
-GRADS = ("dq", "dk", "dv", "dg", "dbeta")
+pytestmark = ONE_GPU
 
 LAYOUTS = [
     # (offsets, world, boundary)
@@ -85,11 +83,6 @@ def _same_bits_with_and_without_tf32(ins, plan, exchange_with_tf32):
     for n in GRADS:
         assert torch.equal(a[1][n], b[1][n]), n
     return a
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-4)])

@@ -35,6 +35,12 @@ def kcp_names(deterministic: bool) -> KCPNames:
     return _NAMES[bool(deterministic)]
 
 
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``‖a − b‖ / ‖b‖`` in fp32 (the KCP GPU tests' measure)."""
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
 def close(got: torch.Tensor, want: torch.Tensor, what: str = "") -> None:
     """Within fp32 tolerance, the absolute part scaled by ``want``'s largest magnitude."""
     scale = max(1.0, want.abs().max().item()) if want.numel() else 1.0
