@@ -16,11 +16,11 @@ import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.conv1d import causal_conv1d
-from gdn_core.suites.dynamo_state import deterministic_algorithms
 from gdn_core.suites.gpu_marks import ONE_GPU
 from gdn_core.suites.kcp_mode import GRADS
 from gdn_core.suites.kcp_mode import relative_error as rel_err
 from gdn_core.suites.kcp_run import gpu_inputs as make
+from gdn_core.suites.torch_state import deterministic_algorithms
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 

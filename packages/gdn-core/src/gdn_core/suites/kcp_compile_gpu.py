@@ -27,13 +27,9 @@ import pytest
 import torch
 
 from gdn_core.suites import kcp_compile_block
-from gdn_core.suites.dynamo_state import (
-    all_equal,
-    assert_all_close_bf16,
-    fresh_dynamo,
-    no_graph_breaks,
-)
+from gdn_core.suites.compare import all_equal, assert_all_close_bf16
 from gdn_core.suites.gpu_marks import ONE_GPU
+from gdn_core.suites.torch_state import fresh_dynamo, no_graph_breaks
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 

@@ -21,9 +21,9 @@ import torch
 
 from gdn_core.conv1d import causal_conv1d
 from gdn_core.kcp.plan import Fragment
-from gdn_core.suites.dynamo_state import deterministic_algorithms
 from gdn_core.suites.kcp_mode import GRADS, agree, close, kcp_names
 from gdn_core.suites.kcp_run import inputs, run_simulated, shards, single_rank
+from gdn_core.suites.torch_state import deterministic_algorithms
 
 # the package's calls, by KCPAPI attribute (each also exported under KCPAPI.name)
 CALLS = ("partition", "build_context", "update_context", "build_simulated_contexts", "fwd",

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from gdn_core.kcp.testing import run_world
-from gdn_core.suites.dynamo_state import deterministic_algorithms
+from gdn_core.suites.torch_state import deterministic_algorithms
 from gdn_core.testkit import kcp_case_single_device, rel_err
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")

@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from gdn_core import testkit
-from gdn_core.suites.dynamo_state import deterministic_algorithms
+from gdn_core.suites.torch_state import deterministic_algorithms
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 os.environ.pop("TRITON_INTERPRET", None)

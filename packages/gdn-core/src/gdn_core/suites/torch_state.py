@@ -1,5 +1,5 @@
-"""torch state around a test, for the shared suites: deterministic algorithms, a fresh
-torch.compile, and the comparisons of the compile suites."""
+"""torch state around a test, for the shared suites: deterministic algorithms and a
+fresh torch.compile (and no graph break in it)."""
 
 from __future__ import annotations
 
@@ -38,14 +38,3 @@ def fresh_dynamo(deterministic_algorithms_on: bool) -> Iterator[None]:
 
 def no_graph_breaks() -> None:
     assert not counters["graph_break"], dict(counters["graph_break"])
-
-
-def all_equal(got: list, want: list) -> bool:
-    """Every pair of tensors the same bits (the lists of the same length)."""
-    return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
-def assert_all_close_bf16(got: list, want: list) -> None:
-    """Every pair within bf16 tolerance (rtol = atol = 2e-2, compared in fp32)."""
-    for a, b in zip(got, want, strict=True):
-        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2)
