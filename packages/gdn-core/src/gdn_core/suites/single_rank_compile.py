@@ -20,6 +20,7 @@ from torch._dynamo.utils import counters
 
 from gdn_core import testkit
 from gdn_core.layout import VarlenLayout
+from gdn_core.suites import torch_state
 from gdn_core.suites.block_params import block_params
 from gdn_core.train_ops import SAVED_OUTPUTS
 
@@ -58,14 +59,11 @@ def step(fn, params, cu, docs):
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     """Every test starts from an empty Dynamo cache and counters."""
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+    with torch_state.fresh_dynamo(deterministic_algorithms_on=False):
+        yield
 
 
-def no_graph_breaks():
-    assert not counters["graph_break"], dict(counters["graph_break"])
+no_graph_breaks = torch_state.no_graph_breaks
 
 
 def test_compiled_block_is_eager_bitwise_one_graph_for_every_layout(api):
@@ -154,7 +152,6 @@ _INTERPRETER_SCRIPT = textwrap.dedent(
     """
     import importlib, json, sys, torch
     from gdn_core.layout import VarlenLayout
-from gdn_core.suites.block_params import block_params
     from gdn_core.suites.single_rank_compile import LAYOUTS, make_block, make_params, step
     block = make_block(importlib.import_module(sys.argv[1] + ".ops").API)
     params = make_params(5)
