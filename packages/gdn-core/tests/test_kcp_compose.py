@@ -19,6 +19,7 @@ from gdn_core.kcp import (
     partition,
 )
 from gdn_core.kcp.exchange import AllGather, LocalExchange, RingPass, drive, drive_simulated
+from gdn_core.suites.kcp_run import inputs as _inputs
 
 GRADS = ("dq", "dk", "dv", "dg", "dbeta")
 
@@ -41,20 +42,6 @@ class Grads(KCPGradsBase):
 
 class Workspace(KCPWorkspaceBase):
     deterministic = True
-
-
-def _inputs(offsets, H=1, HV=2, K=16, V=16, seed=0, l2=False, device="cpu"):
-    T = offsets[-1]
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen)
-    if not l2:
-        k = k / k.norm(dim=-1, keepdim=True)
-    v = torch.randn(1, T, HV, V, generator=gen)
-    g = -0.3 * torch.rand(1, T, HV, generator=gen)
-    beta = torch.rand(1, T, HV, generator=gen)
-    do = torch.randn(1, T, HV, V, generator=gen)
-    return [x.to(device) for x in (q, k, v, g, beta, do)]
 
 
 def _simulate(ins, plan, exchange, backend, l2=False, workspaces=None):

@@ -8,21 +8,23 @@ a distributed run (docs/context-parallel.md).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import gdn_det_train_kcp as kcp
 import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.conv1d import causal_conv1d
+from gdn_core.suites.gpu_marks import ONE_GPU
+from gdn_core.suites.kcp_mode import GRADS
+from gdn_core.suites.kcp_mode import relative_error as rel_err
+from gdn_core.suites.kcp_run import gpu_inputs as make
+from gdn_core.suites.torch_state import deterministic_algorithms
 
 os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
-
-GRADS = ("dq", "dk", "dv", "dg", "dbeta")
+pytestmark = ONE_GPU
 
 LAYOUTS = [
     # (offsets, world, boundary)
@@ -35,24 +37,8 @@ LAYOUTS = [
 
 @pytest.fixture(autouse=True)
 def _deterministic():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    yield
-    torch.use_deterministic_algorithms(before)
-
-
-def make(offsets, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, seed=0, l2=True):
-    T = offsets[-1]
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen)
-    if not l2:
-        k = k / k.norm(dim=-1, keepdim=True)
-    v = torch.randn(1, T, HV, V, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, generator=gen)) * 0.1
-    beta = torch.rand(1, T, HV, generator=gen)
-    do = torch.randn(1, T, HV, V, generator=gen)
-    return [x.to("cuda", dtype) for x in (q, k, v, g, beta, do)]
+    with deterministic_algorithms(True):
+        yield
 
 
 def single(ins, offsets, l2=True):
@@ -72,9 +58,31 @@ def simulate(ins, plan, exchange, l2=True, workspaces=None):
     return torch.cat(os_, 1), {n: torch.cat([getattr(g, n) for g in grads], 1) for n in GRADS}
 
 
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+@contextmanager
+def _tf32(allowed: bool) -> Iterator[None]:
+    """fp32 matmuls with TF32 allowed ("medium" precision) or not ("highest")."""
+    prec = torch.get_float32_matmul_precision()
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.set_float32_matmul_precision("medium" if allowed else "highest")
+        torch.backends.cuda.matmul.allow_tf32 = allowed
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prec)
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _same_bits_with_and_without_tf32(ins, plan, exchange_with_tf32):
+    """The world without TF32 (allgather) and with it (``exchange_with_tf32``): the
+    same bits; returns the first run."""
+    with _tf32(False):
+        a = simulate(ins, plan, "allgather")
+    with _tf32(True):
+        b = simulate(ins, plan, exchange_with_tf32)
+    assert torch.equal(a[0], b[0])
+    for n in GRADS:
+        assert torch.equal(a[1][n], b[1][n]), n
+    return a
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-4)])
@@ -117,21 +125,7 @@ def test_tf32_settings_do_not_change_bits():
     offsets, world = [0, 3000], 4
     ins = make(offsets, dtype=torch.float32)
     plan = kcp.partition_det_kcp(offsets, world, boundary="even")
-    prec = torch.get_float32_matmul_precision()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        a = simulate(ins, plan, "allgather")
-        torch.set_float32_matmul_precision("medium")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        b = simulate(ins, plan, "allgather")
-    finally:
-        torch.set_float32_matmul_precision(prec)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    assert torch.equal(a[0], b[0])
-    for n in GRADS:
-        assert torch.equal(a[1][n], b[1][n]), n
+    _same_bits_with_and_without_tf32(ins, plan, "allgather")
 
 
 def test_conv_halo_on_gpu():
@@ -196,21 +190,7 @@ def test_segment_worlds_accuracy_and_tf32_independence():
     offsets, S, world = [0, 6000, 8192], 1024, 4
     ins = make(offsets, dtype=torch.float32)
     plan = kcp.partition_det_kcp(offsets, world, boundary="segment", segment_size=S)
-    prec = torch.get_float32_matmul_precision()
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    try:
-        torch.set_float32_matmul_precision("highest")
-        torch.backends.cuda.matmul.allow_tf32 = False
-        a = simulate(ins, plan, "allgather")
-        torch.set_float32_matmul_precision("medium")
-        torch.backends.cuda.matmul.allow_tf32 = True
-        b = simulate(ins, plan, "ring")
-    finally:
-        torch.set_float32_matmul_precision(prec)
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-    assert torch.equal(a[0], b[0])
-    for n in GRADS:
-        assert torch.equal(a[1][n], b[1][n]), n
+    a = _same_bits_with_and_without_tf32(ins, plan, "ring")
     o_plain, g_plain = single(ins, offsets)  # default segments: 1024 as well
     assert torch.equal(a[0], o_plain)
     low = make(offsets, dtype=torch.bfloat16)

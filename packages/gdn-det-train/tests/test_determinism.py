@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import torch
-from det_helpers import assert_equal, make_inputs, run_fwd_bwd, run_script
+from gdn_core.testkit import assert_equal, make_inputs, run_fwd_bwd
 from gdn_det_train import causal_conv1d_det, chunk_gated_delta_rule_det
 
 LENGTHS = [1, 63, 64, 65, 150]
@@ -72,7 +72,7 @@ _DIGEST_SCRIPT = textwrap.dedent(
 )
 
 
-def test_cross_process_bitwise():
+def test_cross_process_bitwise(run_script):
     first, second = run_script(_DIGEST_SCRIPT, processes=2)
     assert set(first) == {"o", "ht", "dx", "dw", "dg", "dbeta", "dh0", "dA_log", "ddt_bias"}
     assert first == second

@@ -1,16 +1,4 @@
-"""A device this process cannot use is a ``ValueError`` naming it (issue 20)."""
+"""A device this process cannot use is a ``ValueError`` naming it (issue 20) — the
+shared suite (:mod:`gdn_core.suites.single_rank_devices`) on this package."""
 
-from __future__ import annotations
-
-import pytest
-import torch
-from gdn_core.layout import VarlenLayout
-from gdn_det_train import DetWorkspace as Workspace
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_cuda_without_cuda_is_a_valueerror():
-    with pytest.raises(ValueError, match="device='cuda' was given, but CUDA is not available"):
-        Workspace.for_shapes(T=8, H=1, K=16, V=16, device="cuda")
-    with pytest.raises(ValueError, match="device='cuda' was given, but CUDA is not available"):
-        VarlenLayout([0, 3, 8], device="cuda")
+from gdn_core.suites.single_rank_devices import *  # noqa: F403 - the shared tests, on this package

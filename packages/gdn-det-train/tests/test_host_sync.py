@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import textwrap
 
-from det_helpers import run_script
-
 _SCRIPT = textwrap.dedent(
     """
     import json
@@ -154,7 +152,7 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def test_steady_state_makes_no_host_transfer():
+def test_steady_state_makes_no_host_transfer(run_script):
     (got,) = run_script(_SCRIPT, TRITON_INTERPRET="1", timeout=600)
     assert len(got) == 7, got
     bad = {case: hits for case, hits in got.items() if hits}

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from det_helpers import assert_close, assert_equal, make_inputs, reference_gdn, run_fwd_bwd
+from gdn_core.suites.single_rank_segment_validation import (
+    test_segment_size_is_validated,  # noqa: F401 - the shared test, on this package
+)
+from gdn_core.testkit import assert_close, assert_equal, make_inputs, reference_gdn, run_fwd_bwd
 from gdn_det_train import (
     DetWorkspace,
     chunk_gated_delta_rule_det,
@@ -41,13 +44,3 @@ def test_split_api_gives_the_autograd_bits():
     for n in ("q", "k", "v", "g", "beta"):
         assert torch.equal(getattr(grads, "d" + n), auto["d" + n]), n
     assert torch.equal(grads.dh0, auto["dinitial_state"])
-
-
-def test_segment_size_is_validated():
-    inputs, cu, _ = make_inputs([70], seed=3)
-    q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
-    for bad in (100, -64):
-        with pytest.raises(ValueError, match="segment_size"):
-            chunk_gated_delta_rule_det(q, k, v, g, beta, cu_seqlens=cu, segment_size=bad)
-        with pytest.raises(ValueError, match="segment_size"):
-            chunk_gdn_det_fwd(q, k, v, g, beta, cu_seqlens=cu, segment_size=bad)

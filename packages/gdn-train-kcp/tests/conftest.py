@@ -1,4 +1,6 @@
-"""gdn-train-kcp tests: CPU runs use the fp32 reference backend.
+"""gdn-train-kcp tests: the shared KCP fixtures (:mod:`gdn_core.suites.kcp_fixtures`; CPU
+runs use the fp32 reference backend), this package as ``kcp_package`` and its
+worker scripts' prefix.
 
 When the repository's packages are not installed (a plain checkout), their
 ``src`` directories are put on ``sys.path`` (and so reach the gloo worker
@@ -10,20 +12,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 _PACKAGES = Path(__file__).resolve().parents[2]
 for _name, _dir in (("gdn_core", "gdn-core"), ("gdn_train_kcp", "gdn-train-kcp")):
     if importlib.util.find_spec(_name) is None:
         sys.path.insert(0, str(_PACKAGES / _dir / "src"))
 
-
-@pytest.fixture(autouse=True)
-def _cpu_reference_backend(monkeypatch):
-    """Without a GPU, run the reference backend (not Triton's interpreter)."""
-    if not torch.cuda.is_available():
-        monkeypatch.setenv("GDN_CORE_BACKEND", "reference")
-    yield
+from gdn_core.suites.kcp_fixtures import *  # noqa: E402,F403 - the shared KCP fixtures
 
 
 @pytest.fixture(scope="session")
@@ -35,18 +30,6 @@ def kcp_package():
 
 
 @pytest.fixture(scope="session")
-def kcp_api(kcp_package):
-    """This package's :class:`gdn_core.kcp_frontend.KCPAPI`, for the shared KCP suites."""
-    return kcp_package.ops.API
-
-
-@pytest.fixture(scope="session")
-def kcp_agree_worker():
-    """The gloo worker script of the shared agreement suite, in this package's tests."""
-    return Path(__file__).with_name("kcp_agree_worker.py")
-
-
-@pytest.fixture(scope="session")
-def kcp_compile_worker():
-    """The gloo worker script of the shared compile suite, in this package's tests."""
-    return Path(__file__).with_name("kcp_compile_worker.py")
+def kcp_worker_prefix() -> str:
+    """Its worker scripts here are ``kcp_worker.py``, ``kcp_agree_worker.py``, …"""
+    return "kcp"

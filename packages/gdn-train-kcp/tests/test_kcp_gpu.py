@@ -6,30 +6,12 @@ import gdn_train_kcp as kcp
 import pytest
 import torch
 from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
+from gdn_core.suites.gpu_marks import ONE_GPU
+from gdn_core.suites.kcp_mode import GRADS
+from gdn_core.suites.kcp_mode import relative_error as rel_err
+from gdn_core.suites.kcp_run import gpu_inputs as make
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-]
-
-GRADS = ("dq", "dk", "dv", "dg", "dbeta")
-
-
-def make(offsets, H=4, HV=8, K=128, V=128, dtype=torch.bfloat16, seed=0):
-    T = offsets[-1]
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, T, H, K, generator=gen)
-    k = torch.randn(1, T, H, K, generator=gen)
-    v = torch.randn(1, T, HV, V, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, HV, generator=gen)) * 0.1
-    beta = torch.rand(1, T, HV, generator=gen)
-    do = torch.randn(1, T, HV, V, generator=gen)
-    return [x.to("cuda", dtype) for x in (q, k, v, g, beta, do)]
-
-
-def rel_err(a, b):
-    a, b = a.float(), b.float()
-    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+pytestmark = ONE_GPU
 
 
 @pytest.mark.parametrize("exchange", ["allgather", "ring"])

@@ -1,15 +1,4 @@
-"""causal_conv1d: a list ``cu_seqlens`` with a non-int entry is a ``TypeError``
-(a float was truncated silently; issue 20)."""
+"""causal_conv1d: a list ``cu_seqlens`` with a non-int entry is a ``TypeError`` (issue 20) —
+the shared suite (:mod:`gdn_core.suites.single_rank_conv_bad_offsets`) on this package."""
 
-from __future__ import annotations
-
-import pytest
-import torch
-from gdn_train import causal_conv1d as conv
-
-
-@pytest.mark.parametrize("cu", [[0, 3.7, 8], [0, 3.0, 8], (0, True, 8)])
-def test_non_int_entries_are_a_typeerror(cu):
-    x = torch.randn(1, 8, 2, requires_grad=True)
-    with pytest.raises(TypeError, match=r"cu_seqlens entries must be ints, but cu_seqlens\[1\]"):
-        conv(x, torch.randn(2, 3), None, "silu", cu)
+from gdn_core.suites.single_rank_conv_bad_offsets import *  # noqa: F403 - the shared tests, on this package

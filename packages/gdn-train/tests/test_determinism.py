@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 from gdn_core.conv1d import causal_conv1d as core_conv1d
+from gdn_core.testkit import assert_close, make_inputs, run_fwd_bwd
 from gdn_train import causal_conv1d, chunk_gated_delta_rule
-from train_helpers import assert_close, make_inputs, run_fwd_bwd
 
 LENGTHS = [1, 63, 64, 65, 150]
 

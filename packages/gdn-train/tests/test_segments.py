@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from gdn_train import VarlenLayout, chunk_gated_delta_rule, chunk_gdn_bwd, chunk_gdn_fwd
-from train_helpers import assert_close, make_inputs, reference_gdn, run_fwd_bwd
+from gdn_core.suites.single_rank_segment_validation import (
+    test_segment_size_is_validated,  # noqa: F401 - the shared test, on this package
+)
+from gdn_core.testkit import assert_close, make_inputs, reference_gdn, run_fwd_bwd
+from gdn_train import chunk_gated_delta_rule, chunk_gdn_bwd, chunk_gdn_fwd
 
 LENGTHS = [300, 5, 200]  # three and four 64-token segments around a short document
 
@@ -32,16 +35,3 @@ def test_split_api_takes_the_segment_size():
         got = {"o": o, "ht": ht, **{"d" + n: getattr(grads, "d" + n)
                                    for n in ("q", "k", "v", "g", "beta")}}
         assert_close(got, {n: ref[n] for n in got}, 1e-4)
-
-
-def test_segment_size_is_validated():
-    inputs, cu, _ = make_inputs([70], seed=3)
-    q, k, v, g, beta = (inputs[n] for n in ("q", "k", "v", "g", "beta"))
-    for bad in (100, -64):
-        with pytest.raises(ValueError, match="segment_size"):
-            chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=cu, segment_size=bad)
-        with pytest.raises(ValueError, match="segment_size"):
-            chunk_gdn_fwd(q, k, v, g, beta, cu_seqlens=cu, segment_size=bad)
-    with pytest.raises(ValueError, match="VarlenLayout runs without segments"):
-        chunk_gated_delta_rule(q, k, v, g, beta, cu_seqlens=VarlenLayout(cu.tolist()),
-                               segment_size=64)

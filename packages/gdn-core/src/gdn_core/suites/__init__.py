@@ -6,14 +6,22 @@ imports a suite's tests::
 
     from gdn_core.suites.single_rank_autograd import *  # noqa: F403
 
-and its ``conftest.py`` provides the ``api`` fixture: the package's
+and its ``conftest.py`` imports the shared fixtures
+(:mod:`~gdn_core.suites.single_rank_fixtures`) and provides ``package`` (the
+imported package), from which the ``api`` fixture comes: the package's
 :class:`gdn_core.frontend.SingleRankAPI` (its public functions ``autograd``,
 ``fwd``, ``bwd``, ``conv``, its classes ``saved_cls``, ``workspace_cls``,
 ``grads_cls``, ``deterministic`` and ``mode``). The ``kcp_*`` suites serve the KCP
-twins the same way through the ``kcp_api`` (the package's
-:class:`gdn_core.kcp_frontend.KCPAPI`), ``kcp_package`` and ``kcp_agree_worker``
-fixtures. The suites import ``gdn_core``
-and ``pytest`` only, so each package's suite still runs with only that package
-and ``gdn-core`` installed. Tests whose assertions differ by mode stay in the
-packages.
+twins the same way through :mod:`~gdn_core.suites.kcp_fixtures`: ``kcp_api`` (the
+package's :class:`gdn_core.kcp_frontend.KCPAPI`) from ``kcp_package``, and the
+paths of the package's worker scripts (``kcp_world_worker``, ``kcp_agree_worker``,
+``kcp_compile_worker``, ``kcp_nccl_worker``) from its ``kcp_worker_prefix``; a
+worker script is a shim passing the package's API to a body here (gdn_core imports
+no training package). The suites import ``gdn_core`` and ``pytest`` only, so each
+package's suite still runs with only that package and ``gdn-core`` installed.
+
+Where the modes promise different things (bits against tolerance, the deterministic
+package's extra repeat and ring == allgather checks), a suite branches on the API's
+``deterministic``: both promises are tested, each on its package. Tests of one
+package alone stay in that package.
 """

@@ -18,7 +18,8 @@ import torch
 from torch._dynamo.utils import counters
 
 from gdn_core.kcp.testing import run_gloo_world
-from gdn_core.suites import kcp_compile_block
+from gdn_core.suites import kcp_compile_block, torch_state
+from gdn_core.suites.compare import all_equal
 
 T = 192
 LAYOUTS = ([0, 10, 130, 192], [0, 64, 65, 192], [0, 192])
@@ -26,13 +27,9 @@ LAYOUTS = ([0, 10, 130, 192], [0, 64, 65, 192], [0, 192])
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
-    before = torch.are_deterministic_algorithms_enabled()
-    torch.use_deterministic_algorithms(True)
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    torch.use_deterministic_algorithms(before)
+    """Every test from an empty Dynamo cache and counters, under deterministic algorithms."""
+    with torch_state.fresh_dynamo(deterministic_algorithms_on=True):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +38,8 @@ def block(kcp_api):
     return kcp_compile_block.on(kcp_api)
 
 
-def _equal(got, want):
-    return all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
-
-
-def _no_graph_breaks():
-    assert not counters["graph_break"], dict(counters["graph_break"])
+_equal = all_equal
+_no_graph_breaks = torch_state.no_graph_breaks
 
 
 def test_world_of_one_compiled_is_eager_bitwise_one_graph(kcp_api, block):

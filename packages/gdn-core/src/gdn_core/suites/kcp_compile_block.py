@@ -15,26 +15,16 @@ from typing import Any
 
 import torch
 
+from gdn_core.suites.block_params import block_params
+from gdn_core.suites.kcp_run import shard
+
 H, HV, K, V, W = 1, 2, 16, 16, 4
 D = 2 * H * K + HV * V
 
 
 def make_params(T: int, seed: int = 0, device="cpu", dtype=torch.float32) -> dict:
-    gen = torch.Generator().manual_seed(seed)
-    p = dict(
-        x=torch.randn(1, T, D, generator=gen),
-        g=-0.5 * torch.rand(1, T, HV, generator=gen),
-        beta=torch.rand(1, T, HV, generator=gen),
-        w=torch.randn(D, W, generator=gen) * 0.4,
-        b=torch.randn(D, generator=gen) * 0.1,
-        P=torch.randn(8, HV * V, generator=gen) * 0.2,
-    )
+    p = block_params(T, D, HV, V, W, seed=seed, proj_rows=8, proj_scale=0.2)
     return {n: t.to(device=device, dtype=dtype) for n, t in p.items()}
-
-
-def shard(t: torch.Tensor, plan, rank: int) -> torch.Tensor:
-    start, stop = plan.token_range(rank)
-    return t[:, start:stop].contiguous()
 
 
 def blocks(api: Any) -> tuple[Callable, Callable]:

@@ -20,6 +20,8 @@ from torch._dynamo.utils import counters
 
 from gdn_core import testkit
 from gdn_core.layout import VarlenLayout
+from gdn_core.suites import torch_state
+from gdn_core.suites.block_params import block_params
 from gdn_core.train_ops import SAVED_OUTPUTS
 
 T, H, HV, K, V, W = 96, 1, 2, 16, 16, 4
@@ -29,15 +31,7 @@ VARIED = ([0, 10, 70, 96], [0, 96], [0, 5, 6, 7, 96])
 
 
 def make_params(seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    return dict(
-        x=torch.randn(1, T, D, generator=gen),
-        g=-0.5 * torch.rand(1, T, HV, generator=gen),
-        beta=torch.rand(1, T, HV, generator=gen),
-        w=torch.randn(D, W, generator=gen) * 0.4,
-        b=torch.randn(D, generator=gen) * 0.1,
-        P=torch.randn(8, HV * V, generator=gen) * 0.2,
-    )
+    return block_params(T, D, HV, V, W, seed=seed, proj_rows=8, proj_scale=0.2)
 
 
 def make_block(api):
@@ -65,14 +59,11 @@ def step(fn, params, cu, docs):
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     """Every test starts from an empty Dynamo cache and counters."""
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+    with torch_state.fresh_dynamo(deterministic_algorithms_on=False):
+        yield
 
 
-def no_graph_breaks():
-    assert not counters["graph_break"], dict(counters["graph_break"])
+no_graph_breaks = torch_state.no_graph_breaks
 
 
 def test_compiled_block_is_eager_bitwise_one_graph_for_every_layout(api):
