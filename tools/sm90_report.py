@@ -115,9 +115,11 @@ def bwd_reports() -> None:
     bf, f32 = "*bf16", "*fp32"
     cfg = chunk_grads_config(128, 128)
     meta = dict(H=16, HV=16, K=128, V=128, GROUP=1, BT=64, BK=cfg["BK"], BV=cfg["BV"],
-                DOT_PREC="tf32")
-    # q k v v_new h do du G beta A_inv dq dv dT dg_part db_part chunk_start chunk_len scale
-    report(_dq_dv_kernel, [bf] * 7 + [f32, bf, bf, bf, bf, bf, f32, f32, "*i32", "*i32", "fp32"],
+                T_IN_DK=True, DOT_PREC="tf32")
+    # q k v v_new h do du G beta A_inv dq dk dv dT dg_part db_part chunk_start chunk_len
+    # scale
+    report(_dq_dv_kernel, [bf] * 7 + [f32, bf, bf, bf, bf, bf, bf, f32, f32, "*i32", "*i32",
+                                      "fp32"],
            meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     # q k v_new h dh do du G beta A_inv dT dg_part db_part dk dbeta dg chunk_start chunk_len
     # scale

@@ -28,7 +28,9 @@ Two kernels, one program per (chunk, value head) each, every ``[64, ·]`` operan
    (``dṼ`` per block gives ``dv``, stored, and ``v·dṼ``); per K block a sweep over V
    for ``dO Sᵀ`` and ``dW``: ``dQ`` is finished and stored, ``dW`` enters ``dT``. It
    hands over ``dT`` (``[64, 64]`` in the input dtype, the precision its products read
-   it in) and the fp32 ``[T, HV]`` partials ``Σ_{i≥t} q_i·dQ_state_i`` and ``v·dṼ``.
+   it in; written into the program's own rows of the ``dk`` output when ``K ≥ 64``, which
+   the second kernel overwrites last, else into a scratch slot) and the fp32 ``[T, HV]``
+   partials ``Σ_{i≥t} q_i·dQ_state_i`` and ``v·dṼ``.
 2. :func:`_dk_kernel` — ``E'`` from ``dT`` (two 64³ products), ``K Kᵀ`` and ``K Qᵀ``,
    ``dPᵀ`` again (its own product ``V' dOᵀ``) and the pair terms of ``dg``; per K block
    a sweep over V for ``V' dSᵀ``, ``⟨S, dS⟩`` and ``dW`` again (from L2): ``dK`` is
@@ -42,8 +44,9 @@ H200). One kernel doing all of it took 2.24 ms: 255 registers, one CTA an SM
 
 Triton 3.6 on Hopper miscompiles ``tl.trans`` of a ``tl.dot`` result fed to another
 dot, so transposed operands are loaded tiles (``tl.trans`` of a load is a view of
-shared memory) or come back through memory: ``E'ᵀ`` is read through swapped strides
-from the program's own ``dT`` slot after a CTA barrier.
+shared memory) or come back through memory: ``E'`` is written where ``dT`` was and
+``E'ᵀ`` read through swapped strides after a CTA barrier. No other program reads or
+writes those rows (rows past a short chunk's length are never touched).
 
 ``dq``/``dk``: per value head partials ``[T, HV, K]`` fp32 (summed over each group in
 a fixed order later), or with one value head per q/k head the final values in any
@@ -88,11 +91,11 @@ def crossing_sums_t(Mt, o_t):
 
 @triton.jit
 def _dq_dv_kernel(
-    q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dv, dT, dg_part, db_part,
+    q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
     chunk_start, chunk_len, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     GROUP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    T_IN_DK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Phases A and B: ``dv``, ``dQ`` (stored), ``dT`` (stored in the input dtype, the
     precision its products read it in), ``Σ_{i≥t} q_i·dQ_state_i`` and ``v·dṼ``
@@ -113,6 +116,7 @@ def _dq_dv_kernel(
     dv += tv
     h += (i_c.to(tl.int64) * HV + i_hv) * (K * V)
     dq += start * (HV * K) + i_hv * K
+    dk += start * (HV * K) + i_hv * K
     A_inv += start * (HV * BT) + i_hv * BT
     G += start * HV + i_hv
     beta += start * HV + i_hv
@@ -180,8 +184,11 @@ def _dq_dv_kernel(
                  mask=m_tk)
         b_dT = tl.dot((-b_dw).to(dt), tl.trans((b_k.to(tl.float32) * b_bg[:, None]).to(dt)),
                       b_dT, input_precision=DOT_PREC)
-    o_e = o_t[:, None] * BT + o_t[None, :]
-    tl.store(dT + o_e, b_dT.to(dT.dtype.element_ty))
+    if T_IN_DK:  # this program's own rows of dk (written by the next kernel last)
+        tl.store(dk + o_t[:, None] * (HV * K) + o_t[None, :], b_dT.to(dt).to(dk.dtype.element_ty),
+                 mask=m_t[:, None])
+    else:
+        tl.store(dT + o_t[:, None] * BT + o_t[None, :], b_dT.to(dT.dtype.element_ty))
     p_s = (start + o_t) * HV + i_hv
     tl.store(dg_part + p_s, tl.cumsum(b_dgq, axis=0, reverse=True), mask=m_t)
     tl.store(db_part + p_s, b_db, mask=m_t)
@@ -193,7 +200,7 @@ def _dk_kernel(
     chunk_start, chunk_len, scale,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     GROUP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    T_IN_DK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Phases C and D: ``E'`` from ``dT`` (whose slot then carries ``E'ᵀ``), ``dK``
     (stored), and ``dg``/``dβ`` completed from the first kernel's partials."""
@@ -231,7 +238,12 @@ def _dk_kernel(
     # ---- C: E' = (-T^T dT T^T) ⊙ e on the strict lower triangle; K Kᵀ, K Qᵀ ----
     o_e = o_t[:, None] * BT + o_t[None, :]
     m_low1 = (o_t[:, None] > o_t[None, :]) & m_valid
-    b_x = tl.dot(tl.load(dT + o_e).to(dt), b_Tt, input_precision=DOT_PREC)
+    if T_IN_DK:
+        b_dT = tl.load(dk + o_t[:, None] * (HV * K) + o_t[None, :], mask=m_t[:, None],
+                       other=0.0)
+    else:
+        b_dT = tl.load(dT + o_e)
+    b_x = tl.dot(b_dT.to(dt), b_Tt, input_precision=DOT_PREC)
     b_dA = tl.dot(b_Tt, b_x.to(dt), input_precision=DOT_PREC)
     b_E = tl.where(m_low1, -b_dA * tl.exp(tl.where(m_low1, b_g[:, None] - b_g[None, :], 0.0)),
                    0.0)
@@ -247,11 +259,19 @@ def _dk_kernel(
                       input_precision=DOT_PREC)
     b_dg = crossing_sums(b_E * b_b[:, None] * b_kk, o_t)  # Mw's pairs
     b_E = b_E.to(dt)
-    # E'^T through dT's slot (spent): stored, a CTA barrier, read through swapped strides.
+    # E'^T through dT's place (spent): stored, a CTA barrier, read through swapped strides.
     tl.debug_barrier()  # every lane has read dT
-    tl.store(dT + o_e, b_E.to(dT.dtype.element_ty))
-    tl.debug_barrier()
-    b_Et = tl.load(dT + o_t[None, :] * BT + o_t[:, None]).to(dt)
+    if T_IN_DK:
+        tl.store(dk + o_t[:, None] * (HV * K) + o_t[None, :], b_E.to(dk.dtype.element_ty),
+                 mask=m_t[:, None])
+        tl.debug_barrier()
+        b_Et = tl.load(dk + o_t[None, :] * (HV * K) + o_t[:, None], mask=m_t[None, :],
+                       other=0.0).to(dt)
+        tl.debug_barrier()  # every lane has read E' before phase D writes dk over it
+    else:
+        tl.store(dT + o_e, b_E.to(dT.dtype.element_ty))
+        tl.debug_barrier()
+        b_Et = tl.load(dT + o_t[None, :] * BT + o_t[:, None]).to(dt)
 
     # dPᵀ = V' dOᵀ, masked: Mo's pairs (from Moᵀ = (dP ⊙ D)ᵀ scale ⊙ K Qᵀ) and dK's
     # intra-chunk operand.
@@ -391,16 +411,19 @@ def chunk_grads_bwd(
         return dq, dk, dv, dbeta, dg
     cfg = chunk_grads_config(K, V)
     C = index.chunk_size
-    # dT leaves the first kernel in k's dtype (its products read it so) and its slot
-    # carries E'ᵀ in the second; the fp32 partials of dg and dβ are [T, HV].
-    dT = torch.empty(NT * HV * C * C, dtype=k.dtype, device=dev)
+    # dT leaves the first kernel in k's dtype (its products read it so) and its place
+    # carries E'ᵀ in the second: the program's own rows of dk when they hold 64 columns
+    # without rounding it further (no scratch), else a slot of a scratch buffer. The
+    # fp32 partials of dg and dβ are [T, HV].
+    t_in_dk = K >= C and dk.dtype in (k.dtype, torch.float32)
+    dT = dk if t_in_dk else torch.empty(NT * HV * C * C, dtype=k.dtype, device=dev)
     dg_part = torch.empty(T, HV, dtype=torch.float32, device=dev)
     db_part = torch.empty(T, HV, dtype=torch.float32, device=dev)
     meta = dict(H=H, HV=HV, K=K, V=V, GROUP=group, BT=C, BK=cfg["BK"], BV=cfg["BV"],
-                DOT_PREC=dot_precision(k.dtype), num_warps=cfg["num_warps"],
+                T_IN_DK=t_in_dk, DOT_PREC=dot_precision(k.dtype), num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
     _dq_dv_kernel[(NT, HV)](
-        q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dv, dT, dg_part, db_part,
+        q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
         index.chunk_start, index.chunk_len, float(scale), **meta)
     _dk_kernel[(NT, HV)](
         q, k, v_new, h, dh, do, du, G, beta, A_inv, dT, dg_part, db_part, dk, dbeta, dg,
