@@ -90,6 +90,26 @@ def crossing_sums_t(Mt, o_t):
 
 
 @triton.jit
+def _chunk_gate(G, beta, A_inv, start, L, i_hv, HV: tl.constexpr, BT: tl.constexpr, dt):
+    """What both kernels read of their chunk first: token offsets and masks, the gate
+    cumsum ``G``, ``β``, ``Γ = exp(G)`` (fp32 ``[BT]``, zero past ``L``) and ``Tᵀ`` (the
+    inverse loaded row-major with a row mask, so the loads vectorise, and transposed as a
+    loaded operand, in ``dt``)."""
+    G += start * HV + i_hv
+    beta += start * HV + i_hv
+    A_inv += start * (HV * BT) + i_hv * BT
+    o_t = tl.arange(0, BT)
+    m_t = o_t < L
+    m_valid = m_t[:, None] & m_t[None, :]
+    b_g = tl.load(G + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+    b_b = tl.load(beta + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
+    b_gam = tl.where(m_t, tl.exp(b_g), 0.0)
+    b_T = tl.load(A_inv + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0.0)
+    b_Tt = tl.trans(tl.where(m_valid, b_T, 0.0).to(dt))
+    return o_t, m_t, m_valid, b_g, b_b, b_gam, b_Tt
+
+
+@triton.jit
 def _dq_dv_kernel(
     q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
     chunk_start, chunk_len, scale,
@@ -117,19 +137,9 @@ def _dq_dv_kernel(
     h += (i_c.to(tl.int64) * HV + i_hv) * (K * V)
     dq += start * (HV * K) + i_hv * K
     dk += start * (HV * K) + i_hv * K
-    A_inv += start * (HV * BT) + i_hv * BT
-    G += start * HV + i_hv
-    beta += start * HV + i_hv
     dT += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
-
-    o_t = tl.arange(0, BT)
-    m_t = o_t < L
-    m_valid = m_t[:, None] & m_t[None, :]
-    b_g = tl.load(G + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
-    b_b = tl.load(beta + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
-    b_gam = tl.where(m_t, tl.exp(b_g), 0.0)
-    b_T = tl.load(A_inv + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0.0)
-    b_Tt = tl.trans(tl.where(m_valid, b_T, 0.0).to(dt))
+    o_t, m_t, m_valid, b_g, b_b, b_gam, b_Tt = _chunk_gate(G, beta, A_inv, start, L, i_hv,
+                                                           HV, BT, dt)
 
     # ---- A: dP, dT's dU half; dv and v·dṼ ----
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # [i, j] = dO_i . V'_j
@@ -220,20 +230,10 @@ def _dk_kernel(
     h += st
     dh += st
     dk += start * (HV * K) + i_hv * K
-    A_inv += start * (HV * BT) + i_hv * BT
-    G += start * HV + i_hv
-    beta += start * HV + i_hv
     dT += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
-
-    o_t = tl.arange(0, BT)
-    m_t = o_t < L
-    m_valid = m_t[:, None] & m_t[None, :]
-    b_g = tl.load(G + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
-    g_last = tl.load(G + (L - 1) * HV).to(tl.float32)
-    b_b = tl.load(beta + o_t * HV, mask=m_t, other=0.0).to(tl.float32)
-    b_gam = tl.where(m_t, tl.exp(b_g), 0.0)
-    b_T = tl.load(A_inv + o_t[:, None] * (HV * BT) + o_t[None, :], mask=m_t[:, None], other=0.0)
-    b_Tt = tl.trans(tl.where(m_valid, b_T, 0.0).to(dt))
+    o_t, m_t, m_valid, b_g, b_b, b_gam, b_Tt = _chunk_gate(G, beta, A_inv, start, L, i_hv,
+                                                           HV, BT, dt)
+    g_last = tl.load(G + (start + L - 1) * HV + i_hv).to(tl.float32)
 
     # ---- C: E' = (-T^T dT T^T) ⊙ e on the strict lower triangle; K Kᵀ, K Qᵀ ----
     o_e = o_t[:, None] * BT + o_t[None, :]
