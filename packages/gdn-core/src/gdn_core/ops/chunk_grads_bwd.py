@@ -110,6 +110,22 @@ def _chunk_gate(G, beta, A_inv, start, L, i_hv, HV: tl.constexpr, BT: tl.constex
 
 
 @triton.jit
+def _t_place(dk, dT, i_c, i_hv, HV: tl.constexpr, K: tl.constexpr, BT: tl.constexpr,
+             T_IN_DK: tl.constexpr):
+    """``(pointer, row stride)`` of where this program keeps ``dT`` and then ``E'``: its own
+    rows of ``dk`` (already offset to them) or its ``[BT, BT]`` slot of the scratch ``dT``.
+    Accesses are row-masked by the chunk's length either way (rows past it hold zeros, and
+    in ``dk`` they belong to the next chunk's program)."""
+    if T_IN_DK:
+        p = dk
+        rs = HV * K
+    else:
+        p = dT + (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
+        rs = BT
+    return p, rs
+
+
+@triton.jit
 def _dq_dv_kernel(
     q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
     chunk_start, chunk_len, scale,
@@ -137,7 +153,7 @@ def _dq_dv_kernel(
     h += (i_c.to(tl.int64) * HV + i_hv) * (K * V)
     dq += start * (HV * K) + i_hv * K
     dk += start * (HV * K) + i_hv * K
-    dT += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
+    p_t, rs_t = _t_place(dk, dT, i_c, i_hv, HV, K, BT, T_IN_DK)
     o_t, m_t, m_valid, b_g, b_b, b_gam, b_Tt = _chunk_gate(G, beta, A_inv, start, L, i_hv,
                                                            HV, BT, dt)
 
@@ -194,11 +210,8 @@ def _dq_dv_kernel(
                  mask=m_tk)
         b_dT = tl.dot((-b_dw).to(dt), tl.trans((b_k.to(tl.float32) * b_bg[:, None]).to(dt)),
                       b_dT, input_precision=DOT_PREC)
-    if T_IN_DK:  # this program's own rows of dk (written by the next kernel last)
-        tl.store(dk + o_t[:, None] * (HV * K) + o_t[None, :], b_dT.to(dt).to(dk.dtype.element_ty),
-                 mask=m_t[:, None])
-    else:
-        tl.store(dT + o_t[:, None] * BT + o_t[None, :], b_dT.to(dT.dtype.element_ty))
+    tl.store(p_t + o_t[:, None] * rs_t + o_t[None, :], b_dT.to(dt).to(p_t.dtype.element_ty),
+             mask=m_t[:, None])
     p_s = (start + o_t) * HV + i_hv
     tl.store(dg_part + p_s, tl.cumsum(b_dgq, axis=0, reverse=True), mask=m_t)
     tl.store(db_part + p_s, b_db, mask=m_t)
@@ -230,19 +243,14 @@ def _dk_kernel(
     h += st
     dh += st
     dk += start * (HV * K) + i_hv * K
-    dT += (i_c.to(tl.int64) * HV + i_hv) * (BT * BT)
+    p_t, rs_t = _t_place(dk, dT, i_c, i_hv, HV, K, BT, T_IN_DK)
     o_t, m_t, m_valid, b_g, b_b, b_gam, b_Tt = _chunk_gate(G, beta, A_inv, start, L, i_hv,
                                                            HV, BT, dt)
     g_last = tl.load(G + (start + L - 1) * HV + i_hv).to(tl.float32)
 
     # ---- C: E' = (-T^T dT T^T) ⊙ e on the strict lower triangle; K Kᵀ, K Qᵀ ----
-    o_e = o_t[:, None] * BT + o_t[None, :]
     m_low1 = (o_t[:, None] > o_t[None, :]) & m_valid
-    if T_IN_DK:
-        b_dT = tl.load(dk + o_t[:, None] * (HV * K) + o_t[None, :], mask=m_t[:, None],
-                       other=0.0)
-    else:
-        b_dT = tl.load(dT + o_e)
+    b_dT = tl.load(p_t + o_t[:, None] * rs_t + o_t[None, :], mask=m_t[:, None], other=0.0)
     b_x = tl.dot(b_dT.to(dt), b_Tt, input_precision=DOT_PREC)
     b_dA = tl.dot(b_Tt, b_x.to(dt), input_precision=DOT_PREC)
     b_E = tl.where(m_low1, -b_dA * tl.exp(tl.where(m_low1, b_g[:, None] - b_g[None, :], 0.0)),
@@ -261,17 +269,13 @@ def _dk_kernel(
     b_E = b_E.to(dt)
     # E'^T through dT's place (spent): stored, a CTA barrier, read through swapped strides.
     tl.debug_barrier()  # every lane has read dT
+    tl.store(p_t + o_t[:, None] * rs_t + o_t[None, :], b_E.to(p_t.dtype.element_ty),
+             mask=m_t[:, None])
+    tl.debug_barrier()
+    b_Et = tl.load(p_t + o_t[None, :] * rs_t + o_t[:, None], mask=m_t[None, :],
+                   other=0.0).to(dt)
     if T_IN_DK:
-        tl.store(dk + o_t[:, None] * (HV * K) + o_t[None, :], b_E.to(dk.dtype.element_ty),
-                 mask=m_t[:, None])
-        tl.debug_barrier()
-        b_Et = tl.load(dk + o_t[None, :] * (HV * K) + o_t[:, None], mask=m_t[None, :],
-                       other=0.0).to(dt)
         tl.debug_barrier()  # every lane has read E' before phase D writes dk over it
-    else:
-        tl.store(dT + o_e, b_E.to(dT.dtype.element_ty))
-        tl.debug_barrier()
-        b_Et = tl.load(dT + o_t[None, :] * BT + o_t[:, None]).to(dt)
 
     # dPᵀ = V' dOᵀ, masked: Mo's pairs (from Moᵀ = (dP ⊙ D)ᵀ scale ⊙ K Qᵀ) and dK's
     # intra-chunk operand.
