@@ -11,7 +11,7 @@ Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
    ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
 3. :func:`~gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd` — every chunk-local
-   gradient in one kernel: per-value-head ``dq``/``dk`` (final with one value head
+   gradient in two kernels: per-value-head ``dq``/``dk`` (final with one value head
    per q/k head), ``dv``, ``dβ`` and ``dg`` (the WY backward included);
 4. :func:`~gdn_core.ops.group_reduce.group_reduce` — fixed-order sum of the
    ``dq``/``dk`` partials over each group of value heads;
