@@ -94,6 +94,18 @@ LAYOUTS = [
 # ------------------------------------------------------------------ stage (a)
 
 
+def _later_stages(T, HV, NT, K, V, seed):
+    """Random stand-ins for what the other stages hand a chunk-local stage:
+    ``(v_new [T,HV,V], h [NT,HV,K,V], do [T,HV,V], dh [NT,HV,K,V], dV' [T,HV,V])``."""
+    gen = torch.Generator().manual_seed(seed)
+    v_new = torch.randn(T, HV, V, generator=gen)
+    h = torch.randn(NT, HV, K, V, generator=gen) * 0.3
+    do = torch.randn(T, HV, V, generator=gen)
+    dh = torch.randn(NT, HV, K, V, generator=gen)
+    dvp = torch.randn(T, HV, V, generator=gen)
+    return tuple(x.to(DEVICE) for x in (v_new, h, do, dh, dvp))
+
+
 @pytest.mark.parametrize("lengths,H,group,K,V", LAYOUTS)
 def test_dv_local(lengths, H, group, K, V):
     """Local dV' of the output (dS, dV' of later stages enter elsewhere)."""
@@ -101,12 +113,8 @@ def test_dv_local(lengths, H, group, K, V):
     bounds = _bounds(offs)
     index = ChunkIndex.build(offs, DEVICE)
     q, k, v, g, beta = _inputs(lengths, H, group, K, V, seed=1)
-    T, HV, NT = q.shape[0], H * group, index.num_chunks
-    gen = torch.Generator().manual_seed(2)
     G = ref.chunk_cumsum_ref(g, bounds)
-    v_new = torch.randn(T, HV, V, generator=gen).to(DEVICE)
-    h = (torch.randn(NT, HV, K, V, generator=gen) * 0.3).to(DEVICE)
-    do = torch.randn(T, HV, V, generator=gen).to(DEVICE)
+    v_new, h, do, _, _ = _later_stages(q.shape[0], H * group, index.num_chunks, K, V, seed=2)
     scale = K**-0.5
 
     vn = v_new.clone().requires_grad_(True)
@@ -126,7 +134,7 @@ def _chunk_dw(dvp, h, bounds):
 
 
 @pytest.mark.parametrize("lengths,H,group,K,V", LAYOUTS + [
-    pytest.param([70, 33], 1, 1, 64, 32, id="K64-E-in-dk"),
+    pytest.param([70, 33], 1, 1, 64, 32, id="K64-dT-in-dk"),
     pytest.param([130], 2, 2, 128, 64, id="grouped-K128"),
 ])
 def test_chunk_grads_bwd(lengths, H, group, K, V):
@@ -136,13 +144,8 @@ def test_chunk_grads_bwd(lengths, H, group, K, V):
     bounds = _bounds(offs)
     index = ChunkIndex.build(offs, DEVICE)
     q, k, v, g, beta = _inputs(lengths, H, group, K, V, seed=31)
-    T, HV, NT = q.shape[0], H * group, index.num_chunks
-    gen = torch.Generator().manual_seed(32)
-    v_new = torch.randn(T, HV, V, generator=gen).to(DEVICE)
-    h = (torch.randn(NT, HV, K, V, generator=gen) * 0.3).to(DEVICE)
-    do = torch.randn(T, HV, V, generator=gen).to(DEVICE)
-    dh = torch.randn(NT, HV, K, V, generator=gen).to(DEVICE)
-    dvp = torch.randn(T, HV, V, generator=gen).to(DEVICE)
+    T, HV = q.shape[0], H * group
+    v_new, h, do, dh, dvp = _later_stages(T, HV, index.num_chunks, K, V, seed=32)
     scale = K**-0.5
 
     leaves = [x.clone().requires_grad_(True) for x in (_expand(q, group), _expand(k, group),
