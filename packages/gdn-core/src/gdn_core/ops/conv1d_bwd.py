@@ -90,15 +90,46 @@ def _tap(x, halo, i_b, t, k, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W: tl.const
 
 
 @triton.jit
-def _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps, pos,
-             sxb, sxt, sxd, syb, syt, syd, swd, sww, W: tl.constexpr, ACT: tl.constexpr,
-             HAS_BIAS: tl.constexpr, HAS_HALO: tl.constexpr, MODE: tl.constexpr,
-             BT: tl.constexpr, BD: tl.constexpr):
+def _pick(i: tl.constexpr, x0, x1, x2, x3, x4, x5, x6, x7):
+    """``x_i`` of eight values (``i`` a compile-time index: no select is emitted)."""
+    if i == 0:
+        r = x0
+    elif i == 1:
+        r = x1
+    elif i == 2:
+        r = x2
+    elif i == 3:
+        r = x3
+    elif i == 4:
+        r = x4
+    elif i == 5:
+        r = x5
+    elif i == 6:
+        r = x6
+    else:
+        r = x7
+    return r
+
+
+@triton.jit
+def _weight_column(w, o_d, m_d, swd, sww, i: tl.constexpr, W: tl.constexpr):
+    """Column ``i`` of ``weight [D, W]`` as fp32 ``[BD]`` (zeros for ``i >= W``)."""
+    if i < W:
+        r = tl.load(w + o_d * swd + i * sww, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        r = tl.zeros_like(o_d).to(tl.float32)
+    return r
+
+
+@triton.jit
+def _dx_tile(x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b, o_t, o_d, m_d, T, D, cu,
+             n_cu, steps, pos, sxb, sxt, sxd, syb, syt, syd, W: tl.constexpr,
+             ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_HALO: tl.constexpr,
+             MODE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
     """``(dx [BT, BD], g(t) [BT, BD], start(t), run(t))`` of the tokens ``o_t`` (fp32;
-    ``g`` zero outside ``[0, T)``)."""
+    ``g`` zero outside ``[0, T)``). ``w0 … w7``: the weight's columns (fp32 ``[BD]``,
+    loaded once per program); ``b_b``: the bias (fp32 ``[BD]``, read if ``HAS_BIAS``)."""
     st, run = _doc_run(o_t, T, cu, n_cu, steps, pos, W, MODE)
-    if HAS_BIAS:
-        b_b = tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)
     dx = tl.zeros([BT, BD], dtype=tl.float32)
     g0 = tl.zeros([BT, BD], dtype=tl.float32)
     for j in tl.static_range(W):  # output token s = t + j; its tap j reads t
@@ -114,8 +145,7 @@ def _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps, po
         for i in tl.static_range(W):  # tap i of s reads t + j - i
             b_x = _tap(x, halo, i_b, o_t, j - i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W,
                        HAS_HALO)
-            b_w = tl.load(w + o_d * swd + (W - 1 - i) * sww, mask=m_d, other=0.0)
-            pre += b_x * b_w.to(tl.float32)[None, :]
+            pre += b_x * _pick(W - 1 - i, w0, w1, w2, w3, w4, w5, w6, w7)[None, :]
         sc = tl.minimum(tl.maximum(s, 0), T - 1)
         g = tl.load(dy + i_b * syb + sc[:, None] * syt + o_d[None, :] * syd,
                     mask=same[:, None] & m_d[None, :], other=0.0).to(tl.float32)
@@ -124,8 +154,7 @@ def _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps, po
             g = g * (sg * (1.0 + pre * (1.0 - sg)))
         # a select: a token of another document (whose taps were not all read) adds nothing
         g = tl.where(same[:, None], g, 0.0)
-        b_w = tl.load(w + o_d * swd + (W - 1 - j) * sww, mask=m_d, other=0.0)
-        dx += g * b_w.to(tl.float32)[None, :]
+        dx += g * _pick(W - 1 - j, w0, w1, w2, w3, w4, w5, w6, w7)[None, :]
         if j == 0:
             g0 = g
     return dx, g0, st, run
@@ -140,24 +169,67 @@ def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_c
     i_k, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
-    r_w = tl.arange(0, WP)
-    acc = tl.zeros([WP, BD], dtype=tl.float32)  # row W-1-i: dweight column of lag i; row W: dbias
+    # the weight's columns and the bias, once per program (not per sub-tile)
+    w0 = _weight_column(w, o_d, m_d, swd, sww, 0, W)
+    w1 = _weight_column(w, o_d, m_d, swd, sww, 1, W)
+    w2 = _weight_column(w, o_d, m_d, swd, sww, 2, W)
+    w3 = _weight_column(w, o_d, m_d, swd, sww, 3, W)
+    w4 = _weight_column(w, o_d, m_d, swd, sww, 4, W)
+    w5 = _weight_column(w, o_d, m_d, swd, sww, 5, W)
+    w6 = _weight_column(w, o_d, m_d, swd, sww, 6, W)
+    w7 = _weight_column(w, o_d, m_d, swd, sww, 7, W)
+    if HAS_BIAS:
+        b_b = tl.load(bias + o_d, mask=m_d, other=0.0).to(tl.float32)
+    else:
+        b_b = tl.zeros_like(o_d).to(tl.float32)
+    # per-lag sums of g(t) · x[t - i] (and of g for the bias), kept as [BT, BD] tiles
+    # and reduced over tokens once, after the block: no cross-thread sum per sub-tile
+    a0 = tl.zeros([BT, BD], dtype=tl.float32)
+    a1 = tl.zeros([BT, BD], dtype=tl.float32)
+    a2 = tl.zeros([BT, BD], dtype=tl.float32)
+    a3 = tl.zeros([BT, BD], dtype=tl.float32)
+    a4 = tl.zeros([BT, BD], dtype=tl.float32)
+    a5 = tl.zeros([BT, BD], dtype=tl.float32)
+    a6 = tl.zeros([BT, BD], dtype=tl.float32)
+    a7 = tl.zeros([BT, BD], dtype=tl.float32)
+    ab = tl.zeros([BT, BD], dtype=tl.float32)
     # the sub-tiles holding tokens (the last block of a row may be short)
     for it in range(0, tl.minimum(SUB, tl.cdiv(T - i_k * (SUB * BT), BT))):
         o_t = (i_k.to(tl.int64) * SUB + it) * BT + tl.arange(0, BT)
         m_t = o_t < T
-        b_dx, g, st, run = _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu, steps,
-                               pos, sxb, sxt, sxd, syb, syt, syd, swd, sww, W, ACT, HAS_BIAS,
-                               HAS_HALO, MODE, BT, BD)
+        b_dx, g, st, run = _dx_tile(x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b, o_t,
+                                    o_d, m_d, T, D, cu, n_cu, steps, pos, sxb, sxt, sxd, syb,
+                                    syt, syd, W, ACT, HAS_BIAS, HAS_HALO, MODE, BT, BD)
         tl.store(dx + (i_b * T + o_t[:, None]) * D + o_d[None, :], b_dx.to(dx.dtype.element_ty),
                  mask=m_t[:, None] & m_d[None, :])
         for i in tl.static_range(W):  # g(t) is zero for t >= T
-            b_x = _tap(x, halo, i_b, o_t, -i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W,
-                       HAS_HALO)
-            part_i = tl.sum(g * b_x, axis=0)
-            acc = tl.where(r_w[:, None] == W - 1 - i, acc + part_i[None, :], acc)
+            gx = g * _tap(x, halo, i_b, o_t, -i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W,
+                          HAS_HALO)
+            if i == 0:
+                a0 += gx
+            elif i == 1:
+                a1 += gx
+            elif i == 2:
+                a2 += gx
+            elif i == 3:
+                a3 += gx
+            elif i == 4:
+                a4 += gx
+            elif i == 5:
+                a5 += gx
+            elif i == 6:
+                a6 += gx
+            else:
+                a7 += gx
         if HAS_BIAS:
-            acc = tl.where(r_w[:, None] == W, acc + tl.sum(g, axis=0)[None, :], acc)
+            ab += g
+    r_w = tl.arange(0, WP)
+    acc = tl.zeros([WP, BD], dtype=tl.float32)  # row W-1-i: dweight column of lag i; row W: dbias
+    for i in tl.static_range(W):
+        part_i = tl.sum(_pick(i, a0, a1, a2, a3, a4, a5, a6, a7), axis=0)
+        acc = tl.where(r_w[:, None] == W - 1 - i, part_i[None, :], acc)
+    if HAS_BIAS:
+        acc = tl.where(r_w[:, None] == W, tl.sum(ab, axis=0)[None, :], acc)
     row = i_b * tl.num_programs(0) + i_k
     tl.store(part + (row * WP + r_w[:, None]) * D + o_d[None, :], acc,
              mask=(r_w[:, None] < WP) & m_d[None, :])
@@ -165,9 +237,10 @@ def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_c
         if i_k == 0:  # the halo slots t = -(W-1) .. -1
             o_t = tl.arange(0, BT).to(tl.int64) - BT
             m_h = o_t >= 1 - W
-            b_dh, g, st, run = _dx_tile(x, halo, w, bias, dy, i_b, o_t, o_d, m_d, T, D, cu, n_cu,
-                                   steps, pos, sxb, sxt, sxd, syb, syt, syd, swd, sww, W, ACT,
-                                   HAS_BIAS, HAS_HALO, MODE, BT, BD)
+            b_dh, g, st, run = _dx_tile(x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b,
+                                        o_t, o_d, m_d, T, D, cu, n_cu, steps, pos, sxb, sxt,
+                                        sxd, syb, syt, syd, W, ACT, HAS_BIAS, HAS_HALO, MODE,
+                                        BT, BD)
             oh = tl.minimum(tl.maximum(o_t + (W - 1), 0), W - 2)
             tl.store(dhalo + (i_b * (W - 1) + oh[:, None]) * D + o_d[None, :],
                      b_dh.to(dhalo.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
