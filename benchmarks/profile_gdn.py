@@ -4,8 +4,8 @@ For each shape and segment size: the host time to enqueue one fwd+bwd (no
 synchronisation), the wall time with synchronisation (median of ``--iters``),
 and a torch.profiler table of the kernels (CUDA time, calls). A host time
 close to the wall time means the call is launch-bound, not GPU-bound.
-``--package fla`` profiles fla's ``chunk_gated_delta_rule`` (forward +
-``autograd.grad``, loaded and patched as ``bench_gdn_train.py``'s fla arm does)
+``--package fla`` (or ``flashqla``) profiles that library's ``chunk_gated_delta_rule``
+(forward + ``autograd.grad``, loaded as ``bench_gdn_train.py``'s arm of that name)
 on the same inputs, so the two kernel tables can be read side by side.
 
     python benchmarks/profile_gdn.py --shapes 1x8192x16x1,4x8192x16x1 --segments 1024,0
@@ -50,10 +50,18 @@ def _package_step(package: str):
     return make
 
 
-def _fla_step(ins, do, cu, seg):
-    from bench_gdn_train import load_arm  # this directory: the benchmark's fla arm
+def _anchor_step(arm: str):
+    """A step of ``bench_gdn_train.py``'s ``arm`` (``fla`` or ``flashqla``): forward + grad."""
 
-    fn = load_arm("fla", torch.device("cuda")).fn
+    def make(ins, do, cu, seg):
+        from bench_gdn_train import load_arm  # this directory: the benchmark's arms
+
+        fn = load_arm(arm, torch.device("cuda")).fn
+        return _autograd_step(fn, ins, do, cu)
+    return make
+
+
+def _autograd_step(fn, ins, do, cu):
     leaves = [x.detach().requires_grad_(True) for x in ins]
 
     def step():
@@ -68,12 +76,13 @@ def main() -> None:
                    help="BxTxHxDOCS[xHV], comma separated")
     p.add_argument("--segments", default="1024,0", help="segment sizes (0: plain path)")
     p.add_argument("--package", default="gdn_det_train",
-                   choices=["gdn_det_train", "gdn_train", "fla"])
+                   choices=["gdn_det_train", "gdn_train", "fla", "flashqla"])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--rows", type=int, default=18)
     args = p.parse_args()
-    make_step = _fla_step if args.package == "fla" else _package_step(args.package)
-    segments = [0] if args.package == "fla" else [int(s) for s in args.segments.split(",")]
+    anchor = args.package in ("fla", "flashqla")
+    make_step = _anchor_step(args.package) if anchor else _package_step(args.package)
+    segments = [0] if anchor else [int(s) for s in args.segments.split(",")]
     for spec in args.shapes.split(","):
         dims = [int(x) for x in spec.split("x")]
         B, T, H, docs = dims[:4]

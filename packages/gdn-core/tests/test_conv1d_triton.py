@@ -146,7 +146,9 @@ def test_autograd_and_routing():
     ``GDN_CORE_BACKEND=reference`` run the torch path."""
     x, w, b, dy, _ = _inputs(1, 16, 3, 4, True, False, seed=51)
     leaves = [t.clone().requires_grad_() for t in (x, w, b)]
-    with record_launches() as launches:
+    # record_launches sees this thread only: on CUDA autograd would run the backward
+    # on its device thread, so keep it here.
+    with record_launches() as launches, torch.autograd.set_multithreading_enabled(False):
         causal_conv1d(*leaves, "silu", [0, 4, 16], deterministic=True).backward(dy)
     assert [launch.name.rsplit(".", 1)[-1] for launch in launches] == ["conv1d_fwd",
                                                                        "conv1d_bwd"]
