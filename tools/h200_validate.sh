@@ -17,6 +17,8 @@
 # "bits" compares the deterministic calls' bits of a carried .old/ checkout (git worktree
 # add .old <commit>, carry [".old"]) with this tree's (tools/bits_snapshot.py --backends cuda);
 # "hosttime" runs benchmarks/host_overhead_gpu.py (HOST_SHAPE, HOST_EXTRA);
+# "layer" runs bench_conv.py and bench_layer.py against fla (carry [".whl-fla"]; LAYER_SHAPES,
+# LAYER_EXTRA=--profile, LAYER_TIMEOUT: fla autotunes ~160 s at its first shape, cold);
 # "sanitize" runs compute-sanitizer on the two shapes that hit an illegal address
 # on 2026-11-30 (it names the faulting kernel);
 # TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
@@ -240,6 +242,23 @@ run_hosttime() {  # issue 18: host time of back-to-back fwd+bwd calls (HOST_SHAP
   echo "host time exit $?"; cat "$OUT/host_time.md"
 }
 
+run_layer() {  # issue 21: the conv alone and the whole layer against fla's (fla.layers from
+  # .whl-fla: fla-core + flash-linear-attention, unpacked into /tmp/site-fla; flash_qla must
+  # not be importable there, or fla's layer would dispatch to it)
+  if compgen -G ".whl-fla/*.whl" > /dev/null; then
+    for w in .whl-fla/*.whl; do python3 -m zipfile -e "$w" /tmp/site-fla; done
+  fi
+  local path="${SRC}/tmp/site-fla" shapes=()
+  for s in ${LAYER_SHAPES:-1:32768 1:32768:8 4:8192 1:8192 1:65536:16}; do shapes+=(--shape "$s"); done
+  PYTHONPATH=$path timeout "${CONV_TIMEOUT:-90}" python3 benchmarks/bench_conv.py --compare fla \
+    > "$OUT/conv.md" 2>&1
+  echo "conv exit $?"; grep -E '^\| (ours|fla) ' "$OUT/conv.md"
+  PYTHONPATH=$path timeout "${LAYER_TIMEOUT:-330}" python3 benchmarks/bench_layer.py --compare fla \
+    --no-check "${shapes[@]}" --warmup 10 --rep 40 ${LAYER_EXTRA:-} --out "$OUT/layer.md" \
+    > "$OUT/layer.log" 2>&1
+  echo "layer exit $?"; grep -E 'det:|fast:|fla:' "$OUT/layer.log" | cut -c1-160
+}
+
 if [[ $STAGES == *split* ]]; then run_split; fi
 if [[ $STAGES == *pair* ]]; then run_pair; fi
 if [[ $STAGES == *tests* ]]; then run_tests; fi
@@ -251,6 +270,7 @@ if [[ $STAGES == *kcp* ]]; then run_kcp; fi
 if [[ $STAGES == *nccl* ]]; then run_nccl; fi
 if [[ $STAGES == *bits* ]]; then run_bits; fi
 if [[ $STAGES == *hosttime* ]]; then run_hosttime; fi
+if [[ $STAGES == *layer* ]]; then run_layer; fi
 # The device tool brings back a few files only: one archive per invocation holds this
 # invocation's files (archives of earlier invocations in the same command are kept, not
 # packed over: a second invocation once replaced the first one's gpu-test log).
