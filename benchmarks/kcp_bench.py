@@ -28,7 +28,13 @@ While a simulated call runs, ``gdn_core.kcp.compose.drive_simulated`` is
 wrapped so that every stretch a rank's generator runs is timed (CUDA events
 on a GPU, the host clock on the CPU) and added to that rank; the in-memory
 exchange between stretches is charged to no rank (it stands for communication
-that a real world overlaps or pays separately).
+that a real world overlaps or pays separately). A stretch's events bracket what
+the GPU did between them, so a stretch that starts on an idle GPU is charged the
+host's time to enqueue it whenever the host is the slower of the two — on one
+GPU that is the rank driven first after each exchange, rank 0, while the others
+queue behind it. ``--busy-us N`` puts ``N`` µs of GPU spin (``torch.cuda._sleep``)
+in front of every stretch's start event, so that the stretch is enqueued before
+it starts; the spin itself is charged to no rank.
 
 An arm whose package (or entry point) is missing stops the run before anything
 is timed (exit 2) with a message naming the arm and the package.
@@ -324,17 +330,24 @@ def time_real_rank(api: Api, prob: Problem, rank: int, args, device) -> list[dic
     return out
 
 
+#: GPU clock cycles per µs of ``--busy-us`` spin (the H200's 1980 MHz SM clock, rounded)
+_SPIN_CYCLES_PER_US = 2000
+
+
 class _SegmentClock:
     """Per-rank time of a simulated world: every stretch a rank's generator runs
     between two collectives is timed and charged to that rank."""
 
-    def __init__(self, device: torch.device, world: int) -> None:
+    def __init__(self, device: torch.device, world: int, busy_us: float = 0.0) -> None:
         self.device, self.world = device, world
         self.pending: list[tuple[int, Any, Any]] = []
         self.totals = [0.0] * world
+        self.busy_cycles = int(busy_us * _SPIN_CYCLES_PER_US)
 
     def _start(self):
         if self.device.type == "cuda":
+            if self.busy_cycles:  # the GPU spins while the host enqueues the stretch
+                torch.cuda._sleep(self.busy_cycles)
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
@@ -404,7 +417,7 @@ def _time_simulated_kcp(api: Api, prob: Problem, ctxs: list, arm: str, args,
     ws_cls = api.kcp_attr("workspace")
     workspaces = [ws_cls(W, s.HV, s.K, s.V, device=device) for _ in range(W)]
     kw = dict(use_qk_l2norm_in_kernel=args.qk_l2norm_in_kernel, exchange=_exchange(arm))
-    clock = _SegmentClock(device, W)
+    clock = _SegmentClock(device, W, args.busy_us)
     samples: list[list[float]] = []
 
     def fwd():
@@ -593,7 +606,9 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- world: {mode}; boundary={cfg['boundary']}; kernels: {cfg['gdn_core_backend']}",
         f"- timing: median of {cfg['iters']} after {cfg['warmup']} warm-up calls"
         + ("" if cfg["device"] != "cuda" else
-           f", L2 {'kept warm' if cfg['no_flush'] else 'flushed'} between calls"),
+           f", L2 {'kept warm' if cfg['no_flush'] else 'flushed'} between calls"
+           + (f", {cfg.get('busy_us')} µs of GPU spin before each simulated rank stretch"
+              if cfg["simulate"] and cfg.get("busy_us") else "")),
         "",
         "Shards:", "",
     ]
@@ -665,6 +680,9 @@ def parse_args(spec: PackageSpec, argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=5, help="untimed calls (default 5)")
     p.add_argument("--iters", type=int, default=20, help="timed calls (default 20)")
     p.add_argument("--no-flush", action="store_true", help="keep L2 warm between calls")
+    p.add_argument("--busy-us", type=float, default=0.0,
+                   help="simulated worlds on a GPU: µs of GPU spin before every rank stretch, "
+                        "so a stretch is not charged the host's enqueue time (default 0)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: CUDA when available (default)")
@@ -753,7 +771,8 @@ def main(package: str, script: str, argv: list[str] | None = None) -> int:
             "world": args.world, "simulate": args.simulate, "heads": args.heads,
             "hv": args.hv, "dim": args.dim, "dtype": common.dtype_name(args.dtype),
             "qk_l2norm_in_kernel": args.qk_l2norm_in_kernel, "warmup": args.warmup,
-            "iters": args.iters, "no_flush": args.no_flush, "seed": args.seed,
+            "iters": args.iters, "no_flush": args.no_flush, "busy_us": args.busy_us,
+            "seed": args.seed,
             "device": args.device, "gdn_core_backend": backend,
             "dist_backend": None if args.simulate else
             ("nccl" if args.device == "cuda" else "gloo"),

@@ -21,7 +21,8 @@
 # LAYER_EXTRA=--profile, LAYER_TIMEOUT: fla autotunes ~160 s at its first shape, cold);
 # "sanitize" runs compute-sanitizer on the two shapes that hit an illegal address
 # on 2026-11-30 (it names the faulting kernel);
-# TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them.
+# TEST_TIMEOUT, BENCH_TIMEOUT (seconds) and KCP_WORLDS ("2 4 8") bound them; KCP_EXTRA goes to
+# the KCP benchmark (e.g. "--busy-us 3000", or "--segment-size 1024").
 #
 # A device command may run 10 minutes. The gpu tests are compile-bound (one
 # Triton compile per kernel variant, ~250 s): they run under pytest-xdist, with
@@ -162,7 +163,7 @@ run_kcp() {
   for W in ${KCP_WORLDS:-2 4 8}; do
     timeout "${KCP_TIMEOUT:-80}" python3 benchmarks/bench_gdn_det_train_kcp.py --simulate \
       --world "$W" --boundary segment --seqlen 65536 --docs 16 --heads 16 --dim 128 \
-      --warmup 2 --iters 5 --json "$OUT/kcp_w$W.json" > "$OUT/kcp_w$W.md" 2>&1
+      --warmup 2 --iters 5 ${KCP_EXTRA:-} --json "$OUT/kcp_w$W.json" > "$OUT/kcp_w$W.md" 2>&1
     echo "kcp world $W exit $?"; grep -A5 -i slowest "$OUT/kcp_w$W.md"
   done
 }
