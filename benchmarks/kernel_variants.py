@@ -1,4 +1,5 @@
-"""Launch-configuration variants of the state and chunk-gradient kernels, timed (GPU only).
+"""Launch-configuration variants of the state, chunk-gradient, output, WY and dv_local
+kernels, timed (GPU only).
 
 The per-kernel profile against fla (``results/2026-11-30-h200-s4-profile-vs-fla-D8.md``)
 puts our state forward (0.32 vs 0.21 ms a call) and WY backward (0.71 vs 0.53 ms)
@@ -11,7 +12,7 @@ T32768 H16 K=V=128 with 1 and 8 documents (``common.time_fn``: CUDA-event median
 from the pinned result (Triton 3.6 gets some narrow blocks wrong on Hopper:
 ``gdn_core.ops.tiles``; a variant is only a candidate if it agrees).
 
-    python benchmarks/kernel_variants.py [--kernels state_fwd,state_bwd,chunk_grads]
+    python benchmarks/kernel_variants.py [--kernels state_fwd,output,wy,dv_local,...]
 
 ``--check`` runs every variant once, untimed, on a small problem: with
 ``TRITON_INTERPRET=1 ... --check --device cpu`` it checks the plumbing without a GPU.
@@ -74,7 +75,7 @@ def _problem(T: int, docs: int, device: str) -> dict:
 
 def _kernels(p: dict) -> dict:
     """name -> (config module, config function name, call, variants)."""
-    from gdn_core.ops import chunk_grads_bwd, chunk_state, chunk_state_bwd
+    from gdn_core.ops import chunk_grads_bwd, chunk_state, chunk_state_bwd, dv_local, output, wy
 
     def state_fwd():
         return chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)[0]
@@ -90,8 +91,28 @@ def _kernels(p: dict) -> dict:
             p["beta"], p["A_inv"], p["scale"], p["index"], 1, p["g_dtype"], dq=dq,
             dk=torch.empty_like(p["k"]))[1]
 
+    def chunk_output():
+        return output.chunk_output_fwd(p["q"], p["k"], p["v_new"], p["h"], p["G"], p["scale"],
+                                       p["index"], 1)
+
+    def wy_forward():
+        return wy.wy_fwd(p["k"], p["v"], p["beta"], p["G"], p["index"], 1)[1]
+
+    def dv_local_bwd():
+        return dv_local.dv_local_bwd(p["q"], p["k"], p["G"], p["do"], p["scale"], p["index"], 1)
+
     grid = itertools.product
     return {
+        "output": (output, "chunk_output_config", chunk_output,
+                   [dict(BV=bv, num_warps=w, num_stages=s)
+                    for bv, w, s in grid((64, 128), (4, 8), (1, 2, 3))
+                    if (bv, w, s) != (64, 4, 2)]),
+        "wy": (wy, "wy_config", wy_forward,
+               [dict(num_warps=w, num_stages=s) for w, s in grid((4, 8), (1, 2))
+                if (w, s) != (8, 1)]),
+        "dv_local": (dv_local, "dv_local_config", dv_local_bwd,
+                     [dict(num_warps=w, num_stages=s) for w, s in grid((4, 8), (1, 2, 3))
+                      if (w, s) != (4, 1)]),
         "chunk_grads": (chunk_grads_bwd, "chunk_grads_config", chunk_grads,
                         [dict(num_warps=8, num_stages=2), dict(num_warps=4, num_stages=1),
                          dict(num_warps=4, maxnreg=168)]),
