@@ -94,9 +94,10 @@ def conv_reports() -> None:
                                                 "i32", "i32:16", "i32:16", "i32"],
                dict(sxd=1, sww=1, W=4, ACT=1, HAS_BIAS=False, HAS_HALO=halo, MODE=mode,
                     BT=CONV_FWD_BLOCK_T, BD=CONV_BLOCK_D))
-        # x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_cu, steps, sxb, sxt,
+        # x, halo, w, bias, dy, dx, dhalo, part, ring, cu, pos, T, D, n_cu, steps, sxb, sxt,
         # syb, syt, swd
-        report(_conv1d_bwd_kernel, [ptr] * 7 + ["*fp32", "*i32", "*i32", "i32:16", "i32:16",
+        report(_conv1d_bwd_kernel, [ptr] * 7 + ["*fp32", "*fp32", "*i32", "*i32", "i32:16",
+                                                "i32:16",
                                                 "i32", "i32", "i32:16", "i32:16", "i32:16",
                                                 "i32:16", "i32"],
                dict(sxd=1, syd=1, sww=1, W=4, WP=8, ACT=1, HAS_BIAS=False, HAS_HALO=halo,
@@ -117,9 +118,9 @@ def bwd_reports() -> None:
     meta = dict(H=16, HV=16, K=128, V=128, GROUP=1, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                 T_IN_DK=True, DOT_PREC="tf32")
     # q k v v_new h do du G beta A_inv dq dk dv dT dg_part db_part chunk_start chunk_len
-    # scale
+    # scale v_row v_head (v a view of a packed q/k/v projection, as a layer passes it)
     report(_dq_dv_kernel, [bf] * 7 + [f32, bf, bf, bf, bf, bf, bf, f32, f32, "*i32", "*i32",
-                                      "fp32"],
+                                      "fp32", "i32:16", "i32:16"],
            meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     # q k v_new h dh do du G beta A_inv dT dg_part db_part dk dbeta dg chunk_start chunk_len
     # scale
