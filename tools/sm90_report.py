@@ -112,7 +112,8 @@ def report_gluon(fn, args: dict, constexprs: dict, num_warps: int = 4, **options
 def gluon_reports() -> None:
     """The Gluon chunk-output kernel (:mod:`gdn_core.ops.gluon.output`) as its launcher
     builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16
-    (group 2), TMA descriptors over ``[T, H·K]`` / ``[T, HV·V]`` / ``[NT·HV·K, V]``."""
+    (group 2), 4 warps (the launcher's) and 8 (two warpgroups splitting the columns), TMA
+    descriptors over ``[T, H·K]`` / ``[T, HV·V]`` / ``[NT·HV·K, V]``."""
     import torch
     from gdn_core.ops.gluon import output as go
 
@@ -125,9 +126,10 @@ def gluon_reports() -> None:
         args = dict(q_desc=go._desc(q, [64, K]), k_desc=go._desc(q, [64, K]),
                     v_desc=go._desc(v, [64, K]), h_desc=go._desc(h, [K, K]),
                     G=torch.zeros(T, HV), o=v, chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
-        print(f"H={H} HV={HV}")
-        report_gluon(go._chunk_output_fwd_gluon_kernel, args,
-                     dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=go.GLUON_OUTPUT_WARPS)
+        for warps in (go.GLUON_OUTPUT_WARPS, 8):  # the pinned one warpgroup; two (not launched)
+            print(f"H={H} HV={HV}")
+            report_gluon(go._chunk_output_fwd_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
 
 
 def conv_reports() -> None:

@@ -124,14 +124,17 @@ def _chunk_output_fwd_gluon_kernel(
     bos = gl.load(chunk_start + i_c)
     n = gl.load(chunk_len + i_c)
     dtype: gl.constexpr = q_desc.dtype
+    # 4 warps: one warpgroup, all columns; 8: two warpgroups, each half the columns
+    WG: gl.constexpr = gl.num_warps() // 4
 
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BT // WG, 16])
     a_layout: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V, 16])
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, V // WG, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=a_layout, k_width=2)
     io_layout: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
+        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4 * WG, 1],
+        order=[1, 0])
 
     # --- TMA loads: Q, K | h | V' on three barriers
     q_s = gl.allocate_shared_memory(dtype, [BT, K], q_desc.layout)
