@@ -13,7 +13,9 @@ three document sources, the pinned tiles; unit channel strides as the JIT sees
 them); ``... tools/sm90_report.py bwd`` the two chunk-gradient kernels (bf16,
 K=V=128, the pinned configuration, one value head per q/k head);
 ``... tools/sm90_report.py gluon`` the Gluon chunk-output kernel (needs Triton 3.6's
-Gluon; bf16, K=V=128, group 1 and 2); from Python,
+Gluon; bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py gluon_grads`` the Gluon
+chunk-gradient kernel (bf16, K=V=128, group 1 with bf16 ``dq``/``dk`` and group 2 with
+fp32 partials, 8 warps and 4); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
@@ -132,6 +134,33 @@ def gluon_reports() -> None:
                          dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
 
 
+def gluon_grads_reports() -> None:
+    """The Gluon chunk-gradient kernel (:mod:`gdn_core.ops.gluon.chunk_grads`) as its launcher
+    builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded
+    into bf16) and H = 8, HV = 16 (group 2, fp32 partials); 8 warps (the launcher's: two
+    warpgroups splitting the columns) and 4 (one warpgroup, for comparison)."""
+    import torch
+    from gdn_core.ops.gluon import chunk_grads as gc
+
+    T, NT, K = 1024, 16, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        v = torch.zeros(T, HV, K, dtype=bf)
+        h = torch.zeros(NT, HV, K, K, dtype=bf)
+        a = torch.zeros(T, HV, 64, dtype=bf)
+        out = torch.zeros(T, HV, K, dtype=bf if H == HV else torch.float32)
+        i32 = torch.zeros(NT, dtype=torch.int32)
+        args = dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
+                    beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
+                    dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
+                    chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+        for warps in (gc.GLUON_CHUNK_GRADS_WARPS, 4):
+            print(f"H={H} HV={HV} dq/dk {out.dtype}")
+            report_gluon(gc._chunk_grads_bwd_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
+
+
 def conv_reports() -> None:
     """The conv1d kernels as :func:`gdn_core.ops.conv1d.conv1d_fwd` and
     :func:`gdn_core.ops.conv1d_bwd.conv1d_bwd` launch them (bf16, W = 4, SiLU, no bias)."""
@@ -189,7 +218,8 @@ def bwd_reports() -> None:
 if __name__ == "__main__":
     import sys
 
-    modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports}
+    modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
+             "gluon_grads": gluon_grads_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)
