@@ -7,7 +7,8 @@ launchers declared ``uses_atomics=False`` (a runtime test proves that with
 ``record_launches``). This tool proves the declarations true, from the source:
 
 * for every launcher declared ``uses_atomics=False``, no ``tl.atomic_*`` call
-  is reachable from its kernels through ``@triton.jit`` helper calls;
+  is reachable from its kernels through ``@triton.jit`` helper calls (a helper
+  passed by name, e.g. a scan's combine function, counts as called);
 * every ``@triton.jit`` kernel is either launched through a declared launcher
   or called by another ``@triton.jit`` function (nothing launches unchecked);
 * Gluon kernels (``@gluon.jit``) count as ``@triton.jit`` ones, and their
@@ -118,6 +119,9 @@ def _scan_file(path: Path, jits: dict[str, JitFunction], launchers: list[Launche
                         fn.atomics.append(sub.lineno)
                     elif "." not in callee:
                         fn.calls.add(callee)
+                    # a function passed by name (a scan's or reduction's combine function)
+                    # is reached as if called
+                    fn.calls.update(a.id for a in sub.args if isinstance(a, ast.Name))
             jits[f"{path}:{node.name}"] = fn
         for dec in node.decorator_list:
             if isinstance(dec, ast.Call) and _decorator_name(dec).endswith("launcher"):
