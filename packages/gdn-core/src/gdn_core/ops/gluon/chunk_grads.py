@@ -5,7 +5,95 @@ Opt-in, K = V = 128, chunks of 64, 16-bit inputs. Same math, arguments and resul
 formulas of dQ, dK, dv, dβ and of dg in the crossing-sum form); the Triton pair
 (``_dq_dv_kernel`` + ``_dk_kernel``) stays the default and serves every other shape.
 
-DESIGN_NOTES_PLACEHOLDER
+The whole stage in one launch: one CTA per (chunk, value head), 8 warps (two
+warpgroups), every product a ``warpgroup_mma`` with both operands in shared memory and
+an fp32 accumulator in registers. Each warpgroup owns half the columns of every
+product (``NVMMADistributedLayout(warps_per_cta [4, 2])``, ``m64n32k16`` for the
+64×64 products, ``m64n64k16`` for the 64×128 ones): 16 registers a thread for a
+64×64 fp32 accumulator, 32 for a 64×128 one.
+
+Shared memory (16-bit, ``NVMMASharedLayout.get_default_for``, 128-byte swizzle), all
+of it resident for the whole CTA — 200 KiB of tiles + 16 KiB compiler scratch
+(the layout conversion of the crossing sums) = 221,216 B, so **one CTA per SM**:
+
+* by TMA, on four mbarriers in the order of use: dO, V', Q, K (``[64, 128]`` each) |
+  dU, ``A_inv`` (``[64, 64]`` of the ``[T, HV·64]`` view), V | ``h = S`` (``[128,
+  128]`` of ``[NT·HV·K, V]``) | ``dh = dS``. ``h`` and ``dh`` are read from HBM once
+  per (chunk, head) (the Triton pair reads them twice, and dO, dU, V', Q, K twice);
+* written by the kernel: ``ds = dP ⊙ D · scale`` ``[64, 64]``, ``dT`` (then ``dT Tᵀ``
+  in the same tile), ``E'`` and ``diag(β) E'`` ``[64, 64]``, and ``dW`` ``[64, 128]``
+  in V's tile once V is spent. A transposed operand (``Tᵀ``, ``Kᵀ``, ``Qᵀ``, ``V'ᵀ``,
+  ``Sᵀ``, ``dSᵀ``, ``dsᵀ``, ``(diag(β)E')ᵀ``) is a ``permute`` of a shared tile: no
+  register transpose, no HBM round trip (the Triton pair writes ``E'`` over ``dT`` in
+  ``dk`` and reads ``E'ᵀ`` back through swapped strides).
+
+Order of the products (``→`` a result consumed in registers, ``⇒ smem`` a result
+cast to 16 bits and stored as the next operand; fence + CTA barrier before a
+``warpgroup_mma`` reads what threads stored):
+
+A. ``dP = dO V'ᵀ``, ``Q Kᵀ`` (async pair) → ``ds`` ⇒ smem; crossing sums of
+   ``Mo = ds ⊙ Q Kᵀ``. ``dṼ = Tᵀ dU`` → ``dv = β ⊙ dṼ`` (stored), ``v·dṼ``;
+   ``X1 = dU Vᵀ`` (async, kept).
+B. ``dO Sᵀ``, ``dU Sᵀ`` (async pair) → ``dQ_state = Γ scale dO Sᵀ``, ``q·dQ_state``;
+   ``dQ = dQ_state + ds K`` (accumulated onto ``dQ_state``) stored;
+   ``dW = −dU Sᵀ`` ⇒ smem (V's tile); ``X2 = dW Kᵀ``;
+   ``dT = X1 ⊙ β_j + X2 ⊙ (βΓ)_j`` ⇒ smem. (The Triton kernel rounds ``βV`` and
+   ``βΓK`` to 16 bits and accumulates both into one dot; here the column scales are
+   applied in fp32 after two dots: one rounding fewer, no extra shared tiles.)
+C. ``dT Tᵀ`` ⇒ smem (over ``dT``), ``K Kᵀ`` (async); ``Tᵀ (dT Tᵀ)`` → ``E'`` ⇒ smem,
+   ``diag(β) E'`` ⇒ smem; crossing sums of ``Mw = E' ⊙ diag(β) K Kᵀ``.
+D. ``Tᵀ dW`` and ``V' dSᵀ`` (async pair); ``⟨S, dS⟩`` from the shared tiles meanwhile
+   (fixed order); ``acc = Γ ⊙ Tᵀ dW`` (``k·acc`` for dg), ``acc += E' K`` (= C, ``k·C``
+   for dβ), ``acc = β ⊙ acc + (diag(β) E')ᵀ K``, ``acc += kd ⊙ V' dSᵀ`` (``k·dK_state``
+   for dg), ``acc += dsᵀ Q`` = dK, stored. (``E'ᵀ (diag(β) K)`` of the Triton kernel
+   is ``(diag(β) E')ᵀ K`` here: the β on the contracted index goes on the 64×64
+   operand, not on a 64×128 one.)
+
+At most three fp32 accumulators are live at once (``X1`` through phase B, ``dT Tᵀ`` /
+``K Kᵀ``, ``acc`` and ``V' dSᵀ`` in D). dQ, dK, dv are stored straight from the
+accumulator layout (masked rows; no conversion scratch). dg and dβ: the Triton
+kernels' terms in their order — ``cs(Mw) + cs(Mo) + exp(G_last)⟨S, dS⟩ +
+Σ_{j<t} k_j·dK_state_j + Σ_{i≥t} β_i k_i·Γ(Tᵀ dW)_i + Σ_{i≥t} q_i·dQ_state_i`` and
+``k·C + v·dṼ`` — with the crossing sums as in
+:func:`~gdn_core.ops.chunk_grads_bwd.crossing_sums` (an inclusive scan along rows in a
+layout that keeps a row in one warp, a masked column sum, a shift) and the suffix /
+exclusive prefix sums as masked column sums (fixed order, no scan formed as inclusive
+minus self). No atomics, a fixed order for every sum, each output row owned by one
+CTA: two calls give the same bits. The partials of ``dg`` and ``dβ`` that the Triton
+pair hands over through HBM (``[T, HV]`` fp32 each) and the ``dT`` hand-over stay on
+chip.
+
+Short chunks (the last of a document, ``n < 64``): TMA reads whole 64-row tiles, so
+rows ``≥ n`` hold the next document's rows (zeros past ``T``). After the loads land,
+rows ``≥ n`` of Q, K, V, V', dO, dU and rows/columns ``≥ n`` of ``A_inv`` are set to
+zero in shared memory (a short chunk only) before any product, so no ``0 · NaN`` of
+another document reaches a valid row; G and β are loaded masked (``Γ``, ``kd`` zero
+past ``n``) and nothing is stored past row ``n``. That is the Triton kernels' masked-load
+semantics, so the same masks (``i ≥ j``, ``i > j``, ``i < n``) follow.
+
+``dq``/``dk``: fp32 per value head partials, or with ``group == 1`` the final values
+in any float dtype (rounded once, at the store).
+
+Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
+(``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_grads``;
+bf16, H = HV = 16 with bf16 ``dq``/``dk``, and H = 8, HV = 16 with fp32 partials)::
+
+    warps=8 (the launcher's): 244 / 242 registers, 0 spills, 221,216 B shared,
+                              4,616 / 4,584 SASS instructions
+    warps=4 (one warpgroup):  255 registers, 524 / 492 B spill stores,
+                              221,216 B shared, 8,168 / 8,072 SASS instructions
+
+against the Triton pair at 4 warps (``sm90_report.py bwd``): ``_dq_dv_kernel`` 252
+registers, 0 spills, 73,728 B; ``_dk_kernel`` 255 registers, 212 B spills, 57,344 B.
+The PTX has 96 ``wgmma.mma_async`` (``m64n32k16``/``m64n64k16``) a warpgroup, 9 TMA
+copies (each ``[·, 128]`` tile as two 64-column boxes from two warps).
+
+What only the GPU can tell (docs/kernels.md): whether one CTA per SM with all loads
+issued up front and a chain of 16 wgmma groups (most dependent) is faster than the
+pair (nothing overlaps one CTA's loads with another's compute on the same SM; a
+persistent variant that prefetches the next chunk needs the shared memory back —
+e.g. ``h``/``dS`` in one buffer); the 80 ``bar.sync`` the membar pass puts around the
+TMA issues; the cost of the crossing-sum scans and masked sums beside the products.
 """
 
 from __future__ import annotations
