@@ -1,7 +1,8 @@
 """Kernels in Gluon (``triton.experimental.gluon``, Triton 3.6's Hopper API), opt-in.
 
 Nothing here is wired into the pipeline: a caller asks for a Gluon launcher by
-name (:func:`gdn_core.ops.gluon.output.chunk_output_fwd_gluon`). Importing this
+name (:func:`gdn_core.ops.gluon.output.chunk_output_fwd_gluon`,
+:func:`gdn_core.ops.gluon.chunk_grads.chunk_grads_bwd_gluon`). Importing this
 package never compiles anything and never fails on a machine without a GPU or
 without Gluon; :func:`available` says whether Gluon imports here and the current
 device is an sm_90 GPU.
