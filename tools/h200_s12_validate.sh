@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Branch s12-validate (main + layerspeed + gluon-output + gluon-chunkgrads): everything
+# session 11 built without a GPU, checked and timed on the H200 in two device calls.
+#
+#   call 1 (carry [".whl-fla"], ~420 s):  bash tools/h200_s12_validate.sh 1
+#       the GPU tests of the changed Triton kernels and of the two Gluon kernels, the
+#       Gluon probes, the forward kernels' launch variants
+#   call 2 (carry [".whl-fla"], ~450 s):  bash tools/h200_s12_validate.sh 2
+#       conv and layer against fla (STAGES=layer), the KCP worlds with and without the
+#       busy spin (STAGES=kcp)
+#
+# Everything lands in $OUT/s12_<step>.tgz (logs inside). Merge what passes and is faster.
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/s12"
+SRC=$(ls -d "$PWD"/packages/*/src | tr '\n' ':')
+export PYTHONPATH="${SRC%:}"
+LOG=$OUT/s12
+{ nvidia-smi --query-gpu=name,driver_version --format=csv
+  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
+  git log --oneline -1 2>/dev/null; } > "$LOG/env.txt" 2>&1
+
+step1() {
+  timeout 240 python3 -m pytest -q -n 8 -m "gpu or not gpu" -p no:cacheprovider \
+    --import-mode=importlib -ra packages/gdn-core/tests/test_conv1d.py \
+    packages/gdn-core/tests/test_conv1d_triton.py packages/gdn-core/tests/test_layer_norm.py \
+    packages/gdn-core/tests/test_ops_forward.py packages/gdn-core/tests/test_ops_backward.py \
+    packages/gdn-core/tests/test_gluon_output.py packages/gdn-core/tests/test_gluon_output_gpu.py \
+    packages/gdn-core/tests/test_gluon_chunk_grads.py \
+    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py > "$LOG/tests.log" 2>&1
+  echo "tests exit $?"; tail -15 "$LOG/tests.log" | grep -E "passed|failed|FAILED|ERROR"
+  timeout 60 python3 benchmarks/gluon_output_probe.py > "$LOG/gluon_output_probe.txt" 2>&1
+  echo "gluon output probe exit $?"; tail -8 "$LOG/gluon_output_probe.txt"
+  timeout 90 python3 benchmarks/gluon_chunk_grads_probe.py > "$LOG/gluon_grads_probe.txt" 2>&1
+  echo "gluon chunk-grads probe exit $?"; tail -12 "$LOG/gluon_grads_probe.txt"
+  timeout 200 python3 benchmarks/kernel_variants.py --kernels output,wy,dv_local --docs 8 \
+    > "$LOG/variants.txt" 2>&1
+  echo "variants exit $?"; grep -E "pinned|x\)" "$LOG/variants.txt" | head -30
+}
+
+step2() {
+  OUT=$LOG STAGES=layer LAYER_TIMEOUT=${LAYER_TIMEOUT:-300} bash tools/h200_validate.sh
+  OUT=$LOG STAGES=kcp KCP_WORLDS="4 8" KCP_TIMEOUT=70 bash tools/h200_validate.sh
+  OUT=$LOG/busy STAGES=kcp KCP_WORLDS="4 8" KCP_TIMEOUT=70 KCP_EXTRA="--busy-us 3000" \
+    bash tools/h200_validate.sh
+}
+
+case "${1:-}" in
+  1) step1 ;;
+  2) step2 ;;
+  *) echo "usage: bash tools/h200_s12_validate.sh 1|2"; exit 2 ;;
+esac
+tar czf "$OUT/s12_${1}.tgz" -C "$OUT" s12 && rm -rf "$OUT/s12"
