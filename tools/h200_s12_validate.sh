@@ -8,6 +8,9 @@
 #   call 2 (carry [".whl-fla"], ~450 s):  bash tools/h200_s12_validate.sh 2
 #       conv and layer against fla (STAGES=layer), the KCP worlds with and without the
 #       busy spin (STAGES=kcp)
+#   call 3 (~300 s):  bash tools/h200_s12_validate.sh 3
+#       end to end with the Gluon kernels switched in (GDN_CORE_GLUON=all) against
+#       without: bench_gdn_train.py --arms det on four shapes, and the kernel profile
 #
 # Everything lands in $OUT/s12_<step>.tgz (logs inside). Merge what passes and is faster.
 set -u
@@ -27,7 +30,8 @@ step1() {
     packages/gdn-core/tests/test_ops_forward.py packages/gdn-core/tests/test_ops_backward.py \
     packages/gdn-core/tests/test_gluon_output.py packages/gdn-core/tests/test_gluon_output_gpu.py \
     packages/gdn-core/tests/test_gluon_chunk_grads.py \
-    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py > "$LOG/tests.log" 2>&1
+    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
+    packages/gdn-core/tests/test_gluon_routing.py > "$LOG/tests.log" 2>&1
   echo "tests exit $?"; tail -15 "$LOG/tests.log" | grep -E "passed|failed|FAILED|ERROR"
   timeout 60 python3 benchmarks/gluon_output_probe.py > "$LOG/gluon_output_probe.txt" 2>&1
   echo "gluon output probe exit $?"; tail -8 "$LOG/gluon_output_probe.txt"
@@ -45,9 +49,26 @@ step2() {
     bash tools/h200_validate.sh
 }
 
+step3() {
+  local shapes="B1,T8192,H16;B1,T32768,H16;B4,T8192,H16;B1,T32768,H16,D8"
+  for mode in triton gluon; do
+    local env=()
+    [[ $mode == gluon ]] && env=(GDN_CORE_GLUON=all)
+    env ${env[@]+"${env[@]}"} timeout 130 python3 benchmarks/bench_gdn_train.py --arms det --warmup 5 \
+      --iters 20 --shapes "$shapes" --acc-shapes "B1,T512,H16" --json "$LOG/e2e_$mode.json" \
+      > "$LOG/e2e_$mode.md" 2>&1
+    echo "e2e $mode exit $?"
+    awk '/^## /{keep = ($0 ~ /Time and memory/)} keep && /^\|/' "$LOG/e2e_$mode.md" | cut -c1-160
+  done
+  (cd benchmarks && GDN_CORE_GLUON=all timeout 60 python3 profile_gdn.py --shapes 1x32768x16x8 \
+    --segments 4096 --iters 10 > "$LOG/profile_gluon.txt" 2>&1)
+  echo "profile exit $?"; grep -E "===|kernel" "$LOG/profile_gluon.txt" | cut -c1-60,150-200 | head -14
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
-  *) echo "usage: bash tools/h200_s12_validate.sh 1|2"; exit 2 ;;
+  3) step3 ;;
+  *) echo "usage: bash tools/h200_s12_validate.sh 1|2|3"; exit 2 ;;
 esac
 tar czf "$OUT/s12_${1}.tgz" -C "$OUT" s12 && rm -rf "$OUT/s12"

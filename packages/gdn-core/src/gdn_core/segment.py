@@ -621,14 +621,15 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         o, fin, saved = reference_phases.forward(st, init, output_final_state)
     else:
         from gdn_core.ops.chunk_state import chunk_state_fwd
-        from gdn_core.ops.output import chunk_output_fwd
+        from gdn_core.ops.gluon import output_launcher
 
         h, v_new, fin = chunk_state_fwd(
             st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
             output_final_state=output_final_state, store_states=True,
         )
         st.W = st.U = None  # spent before the output kernel allocates o
-        o = chunk_output_fwd(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
+        output = output_launcher(st.q_used, v_new, h, st.index)  # Triton, or Gluon if asked
+        o = output(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
         o = o.reshape(s.B, s.T, s.HV, s.V)
         saved = GDNSaved(
             st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, st.v_flat,
