@@ -19,6 +19,12 @@ import functools
 import os
 from collections.abc import Callable
 
+# The Triton launchers are imported here, with the package, not at their first use: a
+# @triton.jit kernel takes the interpreter only if TRITON_INTERPRET is set when its module
+# is imported, so a lazy import inside a call could make real-GPU kernels on a CPU run.
+from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
+from gdn_core.ops.output import chunk_output_fwd
+
 __all__ = ["GLUON_ENV", "available", "chunk_grads_launcher", "output_launcher", "requested"]
 
 #: the environment variable naming the stages whose Gluon kernel is wanted
@@ -51,8 +57,6 @@ def output_launcher(q, v_new, h, index) -> Callable:
 
         if gluon_output_supported(q, v_new, h, index):
             return chunk_output_fwd_gluon
-    from gdn_core.ops.output import chunk_output_fwd
-
     return chunk_output_fwd
 
 
@@ -68,8 +72,6 @@ def chunk_grads_launcher(q, v, A_inv, index) -> Callable:
 
         if gluon_chunk_grads_supported(q, v, A_inv, index):
             return chunk_grads_bwd_gluon
-    from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
-
     return chunk_grads_bwd
 
 
