@@ -344,7 +344,7 @@ class _SegmentClock:
         self.totals = [0.0] * world
         self.busy_cycles = int(busy_us * _SPIN_CYCLES_PER_US)
 
-    def _start(self):
+    def _start(self, rank: int):
         if self.device.type == "cuda":
             if self.busy_cycles:  # the GPU spins while the host enqueues the stretch
                 torch.cuda._sleep(self.busy_cycles)
@@ -366,7 +366,7 @@ class _SegmentClock:
         answer = None
         first = True
         while True:
-            t0 = self._start()
+            t0 = self._start(rank)
             try:
                 req = next(steps) if first else steps.send(answer)
             except StopIteration as stop:
@@ -405,9 +405,8 @@ def _timed_simulation(clock: _SegmentClock):
         compose.drive_simulated = original
 
 
-def _time_simulated_kcp(api: Api, prob: Problem, ctxs: list, arm: str, args,
-                        device) -> list[dict[str, Any]]:
-    """A KCP arm of a simulated world: per-rank times from the stretch clock."""
+def _simulated_callables(api: Api, prob: Problem, ctxs: list, arm: str, args, device):
+    """``(fwd, fwd_bwd)`` of a KCP arm over every rank of a simulated world, one call each."""
     W = args.world
     per_rank = [prob.rank_inputs(r) for r in range(W)]
     cols = [[rk[0][i] for rk in per_rank] for i in range(5)]
@@ -417,8 +416,6 @@ def _time_simulated_kcp(api: Api, prob: Problem, ctxs: list, arm: str, args,
     ws_cls = api.kcp_attr("workspace")
     workspaces = [ws_cls(W, s.HV, s.K, s.V, device=device) for _ in range(W)]
     kw = dict(use_qk_l2norm_in_kernel=args.qk_l2norm_in_kernel, exchange=_exchange(arm))
-    clock = _SegmentClock(device, W, args.busy_us)
-    samples: list[list[float]] = []
 
     def fwd():
         return fwd_sim(*cols, ctxs, **kw)[0]
@@ -426,6 +423,17 @@ def _time_simulated_kcp(api: Api, prob: Problem, ctxs: list, arm: str, args,
     def fwd_bwd():
         _, saveds = fwd_sim(*cols, ctxs, **kw)
         return bwd_sim(saveds, dos, workspaces)
+
+    return fwd, fwd_bwd
+
+
+def _time_simulated_kcp(api: Api, prob: Problem, ctxs: list, arm: str, args,
+                        device) -> list[dict[str, Any]]:
+    """A KCP arm of a simulated world: per-rank times from the stretch clock."""
+    W = args.world
+    fwd, fwd_bwd = _simulated_callables(api, prob, ctxs, arm, args, device)
+    clock = _SegmentClock(device, W, args.busy_us)
+    samples: list[list[float]] = []
 
     def timed(fn):
         def call():
@@ -607,8 +615,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         f"- timing: median of {cfg['iters']} after {cfg['warmup']} warm-up calls"
         + ("" if cfg["device"] != "cuda" else
            f", L2 {'kept warm' if cfg['no_flush'] else 'flushed'} between calls"
-           + (f", {cfg.get('busy_us')} µs of GPU spin before each simulated rank stretch"
-              if cfg["simulate"] and cfg.get("busy_us") else "")),
+           + (f", {cfg['busy_us']} µs of GPU spin before each simulated rank stretch"
+              if cfg["simulate"] and cfg["busy_us"] else "")),
         "",
         "Shards:", "",
     ]

@@ -43,21 +43,15 @@ def _record(self, *args, grid, warmup, **kwargs):  # replaces InterpretedFunctio
     _LOG.append((_RANK[0], self.fn.__name__, shape, what))
 
 
-def _drive_attributed(original):
-    """``drive_simulated`` with the driven rank noted for every launch."""
+class _RankNotes(kcp_bench._SegmentClock):
+    """The benchmark's per-rank stretch wrapper, noting which rank each stretch (and so
+    each launch) belongs to instead of timing it."""
 
-    def attributed(rank, steps):
-        answer, first = None, True
-        while True:
-            _RANK[0] = rank
-            try:
-                req = next(steps) if first else steps.send(answer)
-            except StopIteration as stop:
-                return stop.value
-            first = False
-            answer = yield req
+    def _start(self, rank: int) -> None:
+        _RANK[0] = rank
 
-    return lambda all_steps: original([attributed(r, s) for r, s in enumerate(all_steps)])
+    def _stop(self, rank: int, start) -> None:
+        pass
 
 
 def _show(title: str, launches: list[Launch]) -> None:
@@ -85,22 +79,11 @@ def main(argv: list[str] | None = None) -> None:
         kcp_bench._local_callables(api, prob, r, args, dev)[1]()
         local.append(list(_LOG))
 
-    from gdn_core.kcp import compose
-
-    original = compose.drive_simulated
-    compose.drive_simulated = _drive_attributed(original)
-    try:
-        ctxs = api.kcp_attr("build_simulated")(prob.plan, device=dev)
-        per_rank = [prob.rank_inputs(r) for r in range(W)]
-        cols = [[rk[0][i] for rk in per_rank] for i in range(5)]
-        s = prob.inputs.shape
-        ws = [api.kcp_attr("workspace")(W, s.HV, s.K, s.V, device=dev) for _ in range(W)]
-        _LOG.clear()
-        _, saveds = api.kcp_attr("fwd_sim")(*cols, ctxs, use_qk_l2norm_in_kernel=False,
-                                            exchange="allgather")
-        api.kcp_attr("bwd_sim")(saveds, [rk[1] for rk in per_rank], ws)
-    finally:
-        compose.drive_simulated = original
+    ctxs = api.kcp_attr("build_simulated")(prob.plan, device=dev)
+    _, fwd_bwd = kcp_bench._simulated_callables(api, prob, ctxs, "kcp", args, dev)
+    _LOG.clear()
+    with kcp_bench._timed_simulation(_RankNotes(dev, W)):
+        fwd_bwd()
     for row in kcp_bench.plan_summary(prob.plan, W):
         r = row["rank"]
         print(f"\n== rank {r}: {row['tokens']} tokens, {row['fragments']} fragments, from "
