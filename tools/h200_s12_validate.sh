@@ -65,10 +65,33 @@ step3() {
   echo "profile exit $?"; grep -E "===|kernel" "$LOG/profile_gluon.txt" | cut -c1-60,150-200 | head -14
 }
 
+step4() {  # the GPU-marked tests of the changed kernels; installs .whl-base for step 5
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-base .whl-base/*.whl
+  echo "whl-base exit $?"
+  timeout 300 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
+    --import-mode=importlib -ra packages/gdn-core/tests packages/gdn-det-train/tests \
+    packages/gdn-train/tests > "$LOG/gpu_tests.log" 2>&1
+  echo "gpu tests exit $?"; grep -E "passed|failed|FAILED|ERROR" "$LOG/gpu_tests.log" | tail -25
+}
+
+step5() {  # det (Gluon kernels switched in) against FlashQLA on issue 19's six shapes
+  [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: run step 4 first"; return 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base"
+  local shapes="B1,T8192,H16;B1,T32768,H16;B4,T8192,H16;B1,T32768,H16,D8;B1,T65536,H16,D16;B1,T32768,H16,HV32,D8"
+  GDN_CORE_GLUON=all timeout 520 python3 benchmarks/bench_gdn_train.py --arms det --compare flashqla \
+    --warmup 5 --iters 20 --shapes "$shapes" --acc-shapes "B1,T512,H16" --json "$LOG/qla.json" \
+    > "$LOG/qla.md" 2>&1
+  echo "qla exit $?"
+  awk '/^## /{keep = ($0 ~ /Time and memory/)} keep && /^\|/' "$LOG/qla.md" | cut -c1-200
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
   3) step3 ;;
-  *) echo "usage: bash tools/h200_s12_validate.sh 1|2|3"; exit 2 ;;
+  4) step4 ;;
+  5) step5 ;;
+  *) echo "usage: bash tools/h200_s12_validate.sh 1|2|3|4|5"; exit 2 ;;
 esac
 tar czf "$OUT/s12_${1}.tgz" -C "$OUT" s12 && rm -rf "$OUT/s12"
