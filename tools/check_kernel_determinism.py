@@ -7,9 +7,12 @@ launchers declared ``uses_atomics=False`` (a runtime test proves that with
 ``record_launches``). This tool proves the declarations true, from the source:
 
 * for every launcher declared ``uses_atomics=False``, no ``tl.atomic_*`` call
-  is reachable from its kernels through ``@triton.jit`` helper calls;
+  is reachable from its kernels through ``@triton.jit`` helper calls (a helper
+  passed by name, e.g. a scan's combine function, counts as called);
 * every ``@triton.jit`` kernel is either launched through a declared launcher
   or called by another ``@triton.jit`` function (nothing launches unchecked);
+* Gluon kernels (``@gluon.jit``) count as ``@triton.jit`` ones, and their
+  ``gl.atomic_*`` / ``ttgl.atomic_*`` calls as ``tl.atomic_*``;
 * no ``triton.autotune`` decorates a kernel of an atomic-free launcher (the
   deterministic paths use pinned configurations);
 * TileLang modules (those importing ``tilelang``; their kernels are built inside
@@ -60,6 +63,11 @@ def _decorator_name(node: ast.expr) -> str:
 
 
 _TL_ATOMIC = ("T.atomic", "tilelang.language.atomic")
+# Triton and Gluon kernels (``@gluon.jit``, the same checks) and their atomics: ``tl.`` /
+# ``gl.`` / ``ttgl.`` aliases and the full module paths.
+_JIT_DECORATORS = ("triton.jit", "jit", "gluon.jit", "triton.experimental.gluon.jit")
+_JIT_ATOMICS = ("tl.atomic_", "triton.language.atomic_", "gl.atomic_", "ttgl.atomic_",
+                "triton.experimental.gluon.language.atomic_")
 
 
 def _tilelang_findings(path: Path, tree: ast.Module, launchers: list[Launcher]) -> list[str]:
@@ -101,16 +109,19 @@ def _scan_file(path: Path, jits: dict[str, JitFunction], launchers: list[Launche
         if not isinstance(node, ast.FunctionDef):
             continue
         names = [_decorator_name(d) for d in node.decorator_list]
-        if any(n in ("triton.jit", "jit") for n in names):
+        if any(n in _JIT_DECORATORS for n in names):
             fn = JitFunction(node.name, path, node.lineno,
                              autotuned=any(n.endswith("autotune") for n in names))
             for sub in ast.walk(node):
                 if isinstance(sub, ast.Call):
                     callee = _decorator_name(sub)
-                    if callee.startswith(("tl.atomic_", "triton.language.atomic_")):
+                    if callee.startswith(_JIT_ATOMICS):
                         fn.atomics.append(sub.lineno)
                     elif "." not in callee:
                         fn.calls.add(callee)
+                    # a function passed by name (a scan's or reduction's combine function)
+                    # is reached as if called
+                    fn.calls.update(a.id for a in sub.args if isinstance(a, ast.Name))
             jits[f"{path}:{node.name}"] = fn
         for dec in node.decorator_list:
             if isinstance(dec, ast.Call) and _decorator_name(dec).endswith("launcher"):

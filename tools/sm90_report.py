@@ -11,8 +11,13 @@ prints the WY kernel (inverting and applying) at bf16, K=V=128 (the example);
 ``... tools/sm90_report.py conv`` the causal conv1d kernels (bf16, width 4, SiLU, the
 three document sources, the pinned tiles; unit channel strides as the JIT sees
 them); ``... tools/sm90_report.py bwd`` the two chunk-gradient kernels (bf16,
-K=V=128, the pinned configuration, one value head per q/k head); from Python,
-``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any kernel.
+K=V=128, the pinned configuration, one value head per q/k head);
+``... tools/sm90_report.py gluon`` the Gluon chunk-output kernel (needs Triton 3.6's
+Gluon; bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py gluon_grads`` the Gluon
+chunk-gradient kernel (bf16, K=V=128, group 1 with bf16 ``dq``/``dk`` and group 2 with
+fp32 partials, 8 warps and 4); from Python,
+``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
+``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
 int argument written ``"i32:16"`` as a multiple of 16 (the JIT specialises
 both; without it loads are not vectorised and the figures are far too high).
@@ -29,7 +34,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-__all__ = ["report"]
+__all__ = ["report", "report_gluon"]
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -54,6 +59,12 @@ def report(fn, types: list[str], constexprs: dict, num_warps: int = 4, num_stage
         target=GPUTarget("cuda", 90, 128),
         options=dict(num_warps=num_warps, num_stages=num_stages, **options),
     )
+    return _figures(kernel, f"{fn.__name__} warps={num_warps} stages={num_stages}")
+
+
+def _figures(kernel, label: str) -> dict:
+    """ptxas registers/spills (of the PTX, re-assembled with the wheel's ptxas), SASS
+    instruction count (of Triton's cubin) and shared memory of a compiled kernel."""
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(ptx, "w") as f:
@@ -68,9 +79,86 @@ def report(fn, types: list[str], constexprs: dict, num_warps: int = 4, num_stage
     out = {"ptxas": info or run.stderr.strip(),
            "sass_instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
            "shared_bytes": kernel.metadata.shared}
-    print(f"{fn.__name__} warps={num_warps} stages={num_stages}: {out['ptxas']} | "
+    print(f"{label}: {out['ptxas']} | "
           f"SASS {out['sass_instructions']} | shared {out['shared_bytes']}")
     return out
+
+
+
+def report_gluon(fn, args: dict, constexprs: dict, num_warps: int = 4, **options) -> dict:
+    """Compile the ``@gluon.jit`` kernel ``fn`` for sm_90a; print and return what
+    :func:`report` does. ``args``: an example value of every runtime argument by name (CPU
+    tensors, Gluon ``TensorDescriptor`` s over CPU tensors, ints, floats); each is
+    specialised as the JIT does on the GPU (type, 16-divisibility of pointers and ints)."""
+    from triton.backends.compiler import BaseBackend
+    from triton.experimental.gluon._runtime import GluonASTSource
+    from triton.runtime.jit import native_specialize_impl
+
+    attrs, signature = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+            continue
+        ty, spec = native_specialize_impl(BaseBackend, args[name], False, True, True)
+        signature[name] = ty
+        if spec == "D":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    kernel = triton.compile(
+        GluonASTSource(fn=fn, signature=signature, constexprs=constexprs, attrs=attrs),
+        target=GPUTarget("cuda", 90, 128),
+        options=dict(num_warps=num_warps, **options),
+    )
+    return _figures(kernel, f"{fn.__name__} (gluon) warps={num_warps}")
+
+
+def gluon_reports() -> None:
+    """The Gluon chunk-output kernel (:mod:`gdn_core.ops.gluon.output`) as its launcher
+    builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16
+    (group 2), 4 warps (the launcher's) and 8 (two warpgroups splitting the columns), TMA
+    descriptors over ``[T, H·K]`` / ``[T, HV·V]`` / ``[NT·HV·K, V]``."""
+    import torch
+    from gdn_core.ops.gluon import output as go
+
+    T, NT, K = 1024, 16, 128
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H * K, dtype=torch.bfloat16)
+        v = torch.zeros(T, HV * K, dtype=torch.bfloat16)
+        h = torch.zeros(NT * HV * K, K, dtype=torch.bfloat16)
+        i32 = torch.zeros(NT, dtype=torch.int32)
+        args = dict(q_desc=go._desc(q, [64, K]), k_desc=go._desc(q, [64, K]),
+                    v_desc=go._desc(v, [64, K]), h_desc=go._desc(h, [K, K]),
+                    G=torch.zeros(T, HV), o=v, chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+        for warps in (go.GLUON_OUTPUT_WARPS, 8):  # the pinned one warpgroup; two (not launched)
+            print(f"H={H} HV={HV}")
+            report_gluon(go._chunk_output_fwd_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
+
+
+def gluon_grads_reports() -> None:
+    """The Gluon chunk-gradient kernel (:mod:`gdn_core.ops.gluon.chunk_grads`) as its launcher
+    builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded
+    into bf16) and H = 8, HV = 16 (group 2, fp32 partials); 8 warps (the launcher's: two
+    warpgroups splitting the columns) and 4 (one warpgroup, for comparison)."""
+    import torch
+    from gdn_core.ops.gluon import chunk_grads as gc
+
+    T, NT, K = 1024, 16, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        v = torch.zeros(T, HV, K, dtype=bf)
+        h = torch.zeros(NT, HV, K, K, dtype=bf)
+        a = torch.zeros(T, HV, 64, dtype=bf)
+        out = torch.zeros(T, HV, K, dtype=bf if H == HV else torch.float32)
+        i32 = torch.zeros(NT, dtype=torch.int32)
+        args = dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
+                    beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
+                    dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
+                    chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+        for warps in (gc.GLUON_CHUNK_GRADS_WARPS, 4):
+            print(f"H={H} HV={HV} dq/dk {out.dtype}")
+            report_gluon(gc._chunk_grads_bwd_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
 
 
 def conv_reports() -> None:
@@ -94,9 +182,10 @@ def conv_reports() -> None:
                                                 "i32", "i32:16", "i32:16", "i32"],
                dict(sxd=1, sww=1, W=4, ACT=1, HAS_BIAS=False, HAS_HALO=halo, MODE=mode,
                     BT=CONV_FWD_BLOCK_T, BD=CONV_BLOCK_D))
-        # x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_cu, steps, sxb, sxt,
+        # x, halo, w, bias, dy, dx, dhalo, part, ring, cu, pos, T, D, n_cu, steps, sxb, sxt,
         # syb, syt, swd
-        report(_conv1d_bwd_kernel, [ptr] * 7 + ["*fp32", "*i32", "*i32", "i32:16", "i32:16",
+        report(_conv1d_bwd_kernel, [ptr] * 7 + ["*fp32", "*fp32", "*i32", "*i32", "i32:16",
+                                                "i32:16",
                                                 "i32", "i32", "i32:16", "i32:16", "i32:16",
                                                 "i32:16", "i32"],
                dict(sxd=1, syd=1, sww=1, W=4, WP=8, ACT=1, HAS_BIAS=False, HAS_HALO=halo,
@@ -117,9 +206,9 @@ def bwd_reports() -> None:
     meta = dict(H=16, HV=16, K=128, V=128, GROUP=1, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                 T_IN_DK=True, DOT_PREC="tf32")
     # q k v v_new h do du G beta A_inv dq dk dv dT dg_part db_part chunk_start chunk_len
-    # scale
+    # scale v_row v_head (v a view of a packed q/k/v projection, as a layer passes it)
     report(_dq_dv_kernel, [bf] * 7 + [f32, bf, bf, bf, bf, bf, bf, f32, f32, "*i32", "*i32",
-                                      "fp32"],
+                                      "fp32", "i32:16", "i32:16"],
            meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     # q k v_new h dh do du G beta A_inv dT dg_part db_part dk dbeta dg chunk_start chunk_len
     # scale
@@ -130,8 +219,10 @@ def bwd_reports() -> None:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] in (["conv"], ["bwd"]):
-        {"conv": conv_reports, "bwd": bwd_reports}[sys.argv[1]]()
+    modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
+             "gluon_grads": gluon_grads_reports}
+    if len(sys.argv) == 2 and sys.argv[1] in modes:
+        modes[sys.argv[1]]()
         sys.exit(0)
     from gdn_core.ops.wy import _wy_kernel, wy_config
 

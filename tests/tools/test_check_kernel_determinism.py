@@ -77,6 +77,35 @@ def test_atomic_in_helper_reports_chain(tmp_path):
     assert "chain _k -> _helper" in finding
 
 
+
+def test_gluon_kernel_atomic_in_atomic_free_launcher(tmp_path):
+    """``@gluon.jit`` kernels are scanned like ``@triton.jit`` ones (``gl.atomic_*``)."""
+    root = _write(tmp_path, """
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+
+        @gluon.jit
+        def _helper(x):
+            gl.atomic_add(x, 1.0)
+
+        @gluon.jit
+        def _k(x):
+            _helper(x)
+
+        @launcher(uses_atomics=False, kernels=(_k,))
+        def run(x):
+            _k[(1,)](x)
+
+        @gluon.jit
+        def _orphan(x):
+            pass
+    """)
+    findings = checker.check(root)
+    assert len(findings) == 2, findings
+    assert "tl.atomic_* reachable from launcher run" in findings[0]
+    assert "_k -> _helper" in findings[0]
+    assert "kernel _orphan is launched by no declared launcher" in findings[1]
+
 def test_declared_atomic_launcher_is_allowed(tmp_path):
     root = _write(tmp_path, """
         @triton.jit

@@ -48,6 +48,26 @@ def test_kernel_matches_torch(activation, gated, rows, D):
     assert all(torch.equal(a, b) for a, b in zip(got, again))
 
 
+def test_gate_view_of_a_projection_is_read_in_place():
+    """The gate as a layer passes it (heads of a wider projection's columns, a strided
+    view) gives the same bits as a contiguous copy, in the output and every gradient."""
+    tokens, heads, D = 70, 3, 32
+    x, _, weight, dy = _inputs(tokens * heads, D, False)
+    x, dy = x.view(tokens, heads, D), dy.view(tokens, heads, D)
+    proj = torch.randn(tokens, 8 + heads * D, generator=torch.Generator().manual_seed(5))
+
+    def run(as_view: bool):
+        leaf = proj.to(DEVICE).requires_grad_(True)
+        gate = leaf[:, 8:].view(tokens, heads, D)  # strides (8 + heads * D, D, 1)
+        assert not gate.is_contiguous()
+        gate = gate if as_view else gate.contiguous()
+        y = _kernel(x, gate, weight, 1e-6, "silu")
+        y.backward(dy)
+        return y.detach(), leaf.grad
+
+    assert all(torch.equal(a, b) for a, b in zip(run(True), run(False)))
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_kernel_against_fp32_torch():

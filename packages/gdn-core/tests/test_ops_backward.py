@@ -168,6 +168,12 @@ def test_chunk_grads_bwd(lengths, H, group, K, V):
                             group, g.dtype)
     for a, b in zip(again, got):
         assert torch.equal(a, b)
+    # v as a view of a wider projection (its own token and head strides): read in place
+    wide = torch.cat([v, torch.zeros_like(v)], -1)[..., :V]
+    viewed = chunk_grads_bwd(q, k, wide, v_new, h, dh, do, dvp, G, beta, A_inv, scale, index,
+                             group, g.dtype)
+    for a, b in zip(viewed, got):
+        assert torch.equal(a, b)
     bad = torch.empty(T, HV, K + 1, device=DEVICE)
     for kw in ({"dq": bad}, {"dk": bad}, {"dk": torch.empty(T, HV, 2 * K, device=DEVICE)[..., :K]}):
         with pytest.raises(ValueError, match="must be a contiguous"):

@@ -144,6 +144,18 @@ def test_l2norm(D, dtype):
     _check("dx", dx, xr.grad, 4 * tol)
 
 
+def test_l2norm_reads_a_projection_view_in_place():
+    """q as a model passes it (heads of a wider projection's columns): the same bits as
+    from a contiguous copy, and a contiguous result."""
+    gen = torch.Generator().manual_seed(4)
+    proj = torch.randn(37, 3 * 48 + 16, generator=gen).to(torch.bfloat16)
+    view = proj[:, 16:].view(37, 3, 48)
+    assert not view.is_contiguous()
+    y, rstd = l2norm_fwd(view)
+    y2, rstd2 = l2norm_fwd(view.contiguous())
+    assert y.is_contiguous() and torch.equal(y, y2) and torch.equal(rstd, rstd2)
+
+
 def test_l2norm_empty():
     y, rstd = l2norm_fwd(torch.zeros(0, 2, 32))
     assert y.shape == (0, 2, 32) and rstd.shape == (0, 2)
@@ -172,6 +184,12 @@ def test_wy(dims, dtype):
     # the backward's W, U from the stored inverse: the same bits
     W2, U2 = wy_apply(k, v, beta, G, A_inv, index, group)
     assert torch.equal(W2, W) and torch.equal(U2, U)
+    # v as a view of a wider projection (token and head strides of its own): read in place
+    wide = torch.cat([v, torch.zeros_like(v)], -1)[..., :V]
+    assert not wide.is_contiguous()
+    _, W3, U3 = wy_fwd(k, wide, beta, G, index, group)
+    W4, U4 = wy_apply(k, wide, beta, G, A_inv, index, group)
+    assert all(torch.equal(a, W) for a in (W3, W4)) and all(torch.equal(a, U) for a in (U3, U4))
     # columns past each chunk's length are exactly zero
     for bos, eos in bounds:
         for start in range(bos, eos, 64):

@@ -492,7 +492,7 @@ class SegmentForward:
     W: torch.Tensor | None = None
     U: torch.Tensor | None = None
     A_inv: torch.Tensor | None = None  # as the backward reads it (inverse_for_backward)
-    v_flat: torch.Tensor | None = None  # v, g, beta flat and contiguous (saved for backward)
+    v_flat: torch.Tensor | None = None  # v (unit last stride), g, beta flat (saved for backward)
     g_flat: torch.Tensor | None = None
     beta_flat: torch.Tensor | None = None
     summ: torch.Tensor | None = None  # [nseg, HV, K, V+K] = [E | M]
@@ -541,21 +541,22 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.l2norm import l2norm_fwd
+    from gdn_core.ops.tiles import unit_last
     from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
     if index is None:
         index = L.tables(v.device).index
     st.index = index
-    # the kernels read unit-stride rows: q/k/v arrive as views of a packed projection
-    qf, kf, vf = q.flatten(0, 1).contiguous(), k.flatten(0, 1).contiguous(), \
-        v.flatten(0, 1).contiguous()
+    # q/k/v may arrive as views of a packed projection: the L2 norm writes contiguous
+    # q/k from them, and the kernels that read v take its strides (unit last).
+    qf, kf, vf = q.flatten(0, 1), k.flatten(0, 1), unit_last(v.flatten(0, 1))
     gf, bf = g.flatten(0, 1).contiguous(), beta.flatten(0, 1).contiguous()
     st.v_flat, st.g_flat, st.beta_flat = vf, gf, bf
     if st.l2:
         st.q_used, st.q_rstd = l2norm_fwd(qf)
         st.k_used, st.k_rstd = l2norm_fwd(kf)
     else:
-        st.q_used, st.k_used = qf, kf
+        st.q_used, st.k_used = qf.contiguous(), kf.contiguous()
     st.G = chunk_cumsum_fwd(gf, index)
     A_inv, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group)
     st.A_inv = inverse_for_backward(A_inv, st.k_used, vf)
@@ -620,14 +621,15 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         o, fin, saved = reference_phases.forward(st, init, output_final_state)
     else:
         from gdn_core.ops.chunk_state import chunk_state_fwd
-        from gdn_core.ops.output import chunk_output_fwd
+        from gdn_core.ops.gluon import output_launcher
 
         h, v_new, fin = chunk_state_fwd(
             st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
             output_final_state=output_final_state, store_states=True,
         )
         st.W = st.U = None  # spent before the output kernel allocates o
-        o = chunk_output_fwd(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
+        output = output_launcher(st.q_used, v_new, h, st.index)  # Triton, or Gluon if asked
+        o = output(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
         o = o.reshape(s.B, s.T, s.HV, s.V)
         saved = GDNSaved(
             st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, st.v_flat,

@@ -36,8 +36,16 @@ def _row_block(step, R, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
 
 
 @triton.jit
-def _gated_rms_norm_fwd_kernel(x, g, w, y, rstd, R, D: tl.constexpr, eps, ACT: tl.constexpr,
-                               BR: tl.constexpr, BD: tl.constexpr, STEPS: tl.constexpr):
+def _gate_offsets(rr, GH, g_row, g_head, BD: tl.constexpr):
+    """Offsets of rows ``rr`` in the gate, read at its own strides: row ``r`` is head
+    ``r % GH`` of token ``r // GH`` (a view of a packed projection is read in place)."""
+    return ((rr // GH) * g_row + (rr % GH) * g_head)[:, None] + tl.arange(0, BD)[None, :]
+
+
+@triton.jit
+def _gated_rms_norm_fwd_kernel(x, g, w, y, rstd, R, GH, g_row, g_head, D: tl.constexpr, eps,
+                               ACT: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
+                               STEPS: tl.constexpr):
     rd = tl.arange(0, BD)
     md = rd < D
     b_w = tl.load(w + rd, mask=md, other=0.0).to(tl.float32)
@@ -47,7 +55,8 @@ def _gated_rms_norm_fwd_kernel(x, g, w, y, rstd, R, D: tl.constexpr, eps, ACT: t
         r = 1.0 / tl.sqrt(tl.sum(b_x * b_x, axis=1) / D + eps)
         b_y = b_x * r[:, None] * b_w[None, :]
         if ACT != 0:
-            b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
+            b_g = tl.load(g + _gate_offsets(rr, GH, g_row, g_head, BD), mask=mask,
+                          other=0.0).to(tl.float32)
             s = tl.sigmoid(b_g)
             if ACT == 1:
                 b_y = b_y * b_g * s
@@ -58,9 +67,9 @@ def _gated_rms_norm_fwd_kernel(x, g, w, y, rstd, R, D: tl.constexpr, eps, ACT: t
 
 
 @triton.jit
-def _gated_rms_norm_bwd_kernel(x, g, w, rstd, dy, dx, dg, dw_part, R, D: tl.constexpr,
-                               ACT: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr,
-                               STEPS: tl.constexpr):
+def _gated_rms_norm_bwd_kernel(x, g, w, rstd, dy, dx, dg, dw_part, R, GH, g_row, g_head,
+                               D: tl.constexpr, ACT: tl.constexpr, BR: tl.constexpr,
+                               BD: tl.constexpr, STEPS: tl.constexpr):
     rd = tl.arange(0, BD)
     md = rd < D
     b_w = tl.load(w + rd, mask=md, other=0.0).to(tl.float32)
@@ -72,7 +81,8 @@ def _gated_rms_norm_bwd_kernel(x, g, w, rstd, dy, dx, dg, dw_part, R, D: tl.cons
         r = tl.load(rstd + rr, mask=mr, other=0.0)
         b_n = b_x * r[:, None]
         if ACT != 0:
-            b_g = tl.load(g + offs, mask=mask, other=0.0).to(tl.float32)
+            b_g = tl.load(g + _gate_offsets(rr, GH, g_row, g_head, BD), mask=mask,
+                          other=0.0).to(tl.float32)
             s = tl.sigmoid(b_g)
             if ACT == 1:
                 a = b_g * s
@@ -91,6 +101,16 @@ def _gated_rms_norm_bwd_kernel(x, g, w, rstd, dy, dx, dg, dw_part, R, D: tl.cons
     tl.store(dw_part + tl.program_id(0).to(tl.int64) * D + rd, acc, mask=md)
 
 
+def gate_rows(gate: torch.Tensor) -> torch.Tensor:
+    """``gate [..., D]`` as ``[tokens, heads, D]`` with a unit last stride, the shape
+    the kernels read at its strides: a view when the leading dimensions allow it
+    (a split of a packed projection does), else a contiguous copy."""
+    g = gate if gate.stride(-1) == 1 else gate.contiguous()
+    g = g.unsqueeze(0) if g.dim() == 1 else g
+    g = g.unsqueeze(-2) if g.dim() == 2 else g.flatten(0, -3)
+    return g
+
+
 def _grid(R: int, D: int) -> tuple[int, int, int]:
     BD = triton.next_power_of_2(D)
     BR = max(1, min(ROWS_PER_PROGRAM, 4096 // BD))
@@ -100,7 +120,8 @@ def _grid(R: int, D: int) -> tuple[int, int, int]:
 @launcher(uses_atomics=False, kernels=(_gated_rms_norm_fwd_kernel,))
 def gated_rms_norm_fwd(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor,
                        eps: float, activation: str | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y like x, rstd [rows] fp32)``; ``x``, ``gate`` contiguous ``[..., D]``."""
+    """``(y like x, rstd [rows] fp32)``; ``x`` contiguous ``[..., D]``, ``gate`` of its
+    shape at any strides (:func:`gate_rows`)."""
     D = x.shape[-1]
     R = x.numel() // D if D else 0
     y = torch.empty_like(x)
@@ -109,9 +130,10 @@ def gated_rms_norm_fwd(x: torch.Tensor, gate: torch.Tensor | None, weight: torch
         return y, rstd
     BR, BD, steps = _grid(R, D)
     act = _ACTS[activation] if gate is not None else 0
+    gr = gate_rows(gate if gate is not None else x)
     _gated_rms_norm_fwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
-        x, gate if gate is not None else x, weight, y, rstd, R, D, eps, ACT=act, BR=BR, BD=BD,
-        STEPS=steps, num_warps=4, num_stages=1)
+        x, gr, weight, y, rstd, R, gr.shape[1], gr.stride(0), gr.stride(1), D, eps, ACT=act,
+        BR=BR, BD=BD, STEPS=steps, num_warps=4, num_stages=1)
     return y, rstd
 
 
@@ -124,15 +146,17 @@ def gated_rms_norm_bwd(x: torch.Tensor, gate: torch.Tensor | None, weight: torch
     D = x.shape[-1]
     R = rstd.numel()
     dx = torch.empty_like(x)
-    dg = torch.empty_like(gate) if gate is not None else None
+    dg = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device) \
+        if gate is not None else None
     programs = triton.cdiv(R, ROWS_PER_PROGRAM)
     part = torch.zeros(programs, D, dtype=torch.float32, device=x.device)
     if R:
         BR, BD, steps = _grid(R, D)
         act = _ACTS[activation] if gate is not None else 0
+        gr = gate_rows(gate if gate is not None else x)
         _gated_rms_norm_bwd_kernel[(programs,)](
-            x, gate if gate is not None else x, weight, rstd, dy, dx,
-            dg if dg is not None else dx, part, R, D, ACT=act, BR=BR, BD=BD, STEPS=steps,
+            x, gr, weight, rstd, dy, dx, dg if dg is not None else dx, part, R, gr.shape[1],
+            gr.stride(0), gr.stride(1), D, ACT=act, BR=BR, BD=BD, STEPS=steps,
             num_warps=4, num_stages=1)
     return dx, dg, part.sum(0).to(weight.dtype)
 
@@ -144,7 +168,6 @@ class GatedRMSNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate, weight, eps, activation):
         x = x.contiguous()
-        gate = gate.contiguous() if gate is not None else None
         y, rstd = gated_rms_norm_fwd(x, gate, weight, eps, activation)
         ctx.save_for_backward(x, gate, weight, rstd)
         ctx.activation = activation

@@ -35,10 +35,11 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import ChunkIndex
-from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
 from gdn_core.ops.dv_local import dv_local_bwd
+from gdn_core.ops.gluon import chunk_grads_launcher
 from gdn_core.ops.group_reduce import group_reduce
+from gdn_core.ops.tiles import unit_last
 from gdn_core.typed import TypedWorkspace, mode_name, require_instance
 
 __all__ = [
@@ -331,7 +332,8 @@ def backward_from_recompute(
 ) -> tuple[torch.Tensor, ...]:
     """Stages 1–5 given the forward's intermediates.
 
-    ``q, k: [T,H,K]`` (the tensors the recurrence used); ``v: [T,HV,V]``;
+    ``q, k: [T,H,K]`` (the tensors the recurrence used); ``v: [T,HV,V]`` (unit last
+    stride);
     ``beta: [T,HV]``; ``G: [T,HV]`` fp32; ``A_inv: [T,HV,C]``; ``rec``: ``W``,
     ``h``, ``v_new`` (:class:`Recomputed`, emptied as they are spent);
     ``do: [T,HV,V]``; ``dht: [N,HV,K,V]`` or ``None``. Returns ``(dq [T,H,K],
@@ -376,7 +378,8 @@ def backward_from_recompute(
                           for x in (q, k))
     else:
         dq_out, dk_out = ws["dq_part"], ws["dk_part"]
-    dq_part, dk_part, dv, dbeta, dg = chunk_grads_bwd(
+    grads = chunk_grads_launcher(q, v, A_inv, index)  # Triton, or Gluon if asked
+    dq_part, dk_part, dv, dbeta, dg = grads(
         q, k, v, rec.v_new, rec.h, dh, do, dvp, G, beta, A_inv, scale, index, group, g_dtype,
         dq=dq_out, dk=dk_out,
     )
@@ -430,7 +433,8 @@ def chunk_gdn_backward(
     group = HV // H
     if index.total_tokens != T:
         raise ValueError(f"index covers {index.total_tokens} tokens, the inputs have T={T}")
-    q, k, v, beta = (x.contiguous() for x in (q, k, v, beta))
+    q, k, beta = (x.contiguous() for x in (q, k, beta))
+    v = unit_last(v)  # the WY and chunk-gradient kernels read v at its strides
     do = do.to(k.dtype).contiguous()
     if dht is not None:
         dht = dht.contiguous()

@@ -63,7 +63,7 @@ import triton.language as tl
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.dv_local import dot_precision
 from gdn_core.ops.registry import launcher
-from gdn_core.ops.tiles import dot_tile
+from gdn_core.ops.tiles import dot_tile, unit_last
 
 __all__ = ["chunk_grads_bwd", "chunk_grads_config"]
 
@@ -128,14 +128,15 @@ def _t_place(dk, dT, i_c, i_hv, HV: tl.constexpr, K: tl.constexpr, BT: tl.conste
 @triton.jit
 def _dq_dv_kernel(
     q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
-    chunk_start, chunk_len, scale,
+    chunk_start, chunk_len, scale, v_row, v_head,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     GROUP: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     T_IN_DK: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
     """Phases A and B: ``dv``, ``dQ`` (stored), ``dT`` (stored in the input dtype, the
     precision its products read it in), ``Σ_{i≥t} q_i·dQ_state_i`` and ``v·dṼ``
-    (fp32 partials of ``dg`` and ``dβ``)."""
+    (fp32 partials of ``dg`` and ``dβ``). ``v`` is read at its own token and head
+    strides ``v_row``, ``v_head`` (a view of a packed projection, unit last stride)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
@@ -145,7 +146,7 @@ def _dq_dv_kernel(
     q += start * (H * K) + i_h * K
     k += start * (H * K) + i_h * K
     tv = start * (HV * V) + i_hv * V
-    v += tv
+    v += start * v_row + i_hv * v_head
     v_new += tv
     do += tv
     du += tv
@@ -168,7 +169,8 @@ def _dq_dv_kernel(
         b_do = tl.load(do + off_tv, mask=m_tv, other=0.0).to(dt)
         b_vn = tl.load(v_new + off_tv, mask=m_tv, other=0.0).to(dt)
         b_du = tl.load(du + off_tv, mask=m_tv, other=0.0).to(dt)
-        b_v = tl.load(v + off_tv, mask=m_tv, other=0.0).to(tl.float32)
+        b_v = tl.load(v + o_t[:, None] * v_row + o_v[None, :], mask=m_tv,
+                      other=0.0).to(tl.float32)
         b_dp = tl.dot(b_do, tl.trans(b_vn), b_dp, input_precision=DOT_PREC)
         b_dT = tl.dot(b_du, tl.trans((b_v * b_b[:, None]).to(dt)), b_dT,
                       input_precision=DOT_PREC)
@@ -381,7 +383,8 @@ def chunk_grads_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every chunk-local gradient after the state backward (two launches).
 
-    ``q, k: [T,H,K]``; ``v, v_new, do, du (= dV'): [T,HV,V]``; ``h, dh: [NT,HV,K,V]``
+    ``q, k: [T,H,K]``; ``v, v_new, do, du (= dV'): [T,HV,V]``, all contiguous but ``v``
+    (any token and head strides, unit last); ``h, dh: [NT,HV,K,V]``
     (the state entering each chunk, ``dS`` of the state leaving it); ``G, beta: [T,HV]``
     (``G`` fp32); ``A_inv: [T,HV,64]`` (the forward's inverse, fp32 or, for 16-bit
     inputs, :func:`~gdn_core.ops.wy.inverse_for_backward`'s 16-bit copy).
@@ -398,6 +401,7 @@ def chunk_grads_bwd(
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     dev = k.device
+    v = unit_last(v)
     bufs = []
     for name, buf in (("dq", dq), ("dk", dk)):
         if buf is None:
@@ -428,7 +432,7 @@ def chunk_grads_bwd(
                 num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
     _dq_dv_kernel[(NT, HV)](
         q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
-        index.chunk_start, index.chunk_len, float(scale), **meta)
+        index.chunk_start, index.chunk_len, float(scale), v.stride(0), v.stride(1), **meta)
     _dk_kernel[(NT, HV)](
         q, k, v_new, h, dh, do, du, G, beta, A_inv, dT, dg_part, db_part, dk, dbeta, dg,
         index.chunk_start, index.chunk_len, float(scale), **meta)

@@ -2,18 +2,24 @@
 
 One program per (fixed block of :data:`CONV_BWD_TOKEN_BLOCK` tokens of a row,
 block of ``BD`` channels, row), walking its block in sub-tiles of ``BT``
-tokens. For a sub-tile ``t`` it recomputes, for every ``j < W``, the
-pre-activation of token ``s = t + j`` and ``g(s) = dy(s) · act'(pre(s))``
-(only where ``s`` lies in ``t``'s document: ``start(s) == start(t)``, a select),
-then
+tokens, in order. For a sub-tile it recomputes, once per token ``t``, the
+pre-activation and ``g(t) = dy(t) · act'(pre(t))``, keeps ``g`` in a ring of
+two sub-tiles (the program's own ``[2·BT, BD]`` fp32 slice of a scratch
+buffer, row = token mod ``2·BT``, CTA barriers around its writes), and one
+sub-tile behind forms
 
-    dx[t]      = Σ_j g(t + j) · weight[:, W-1-j]
-    dweight_i += Σ_t g(t) · x[t - i]      (the taps the forward read)
+    dx[t]      = Σ_j g(t + j) · weight[:, W-1-j]   (j ≤ run(t): t + j in t's document)
+    dweight_i += Σ_t g(t) · x[t - i]      (the taps the pre-activation read)
     dbias     += Σ_t g(t)
 
-so nothing but ``dx`` (and the per-block partials) is written — no stored
-activations. The halo gradient (``dhalo [B, W-1, D]``) is the same ``dx`` sum
-for the slots ``t = -(W-1) … -1``, done by the programs of the first block.
+so besides ``dx`` only the per-block partials and the ring (a transient
+``[B · blocks · 2·BT, D]`` fp32 buffer, mostly cache-resident) are written — no
+stored activations. The last sub-tile's ``dx`` waits for the ``g`` of the tile
+after the block (computed for its first ``W-1`` tokens). The halo gradient
+(``dhalo [B, W-1, D]``) is the same ``dx`` sum for the slots ``t = -(W-1) …
+-1``, done by the programs of the first block while the ring holds the first
+sub-tile. The sums run in the order of the earlier form, which recomputed ``g``
+for each of the ``W`` outputs a token feeds: the same bits.
 
 **Reductions.** ``dweight``/``dbias`` are sums over every token: each program
 writes its block's fp32 partial ``[W+1, BD]`` (its sub-tiles added in order)
@@ -122,46 +128,94 @@ def _weight_column(w, o_d, m_d, swd, sww, i: tl.constexpr, W: tl.constexpr):
 
 
 @triton.jit
-def _dx_tile(x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b, o_t, o_d, m_d, T, D, cu,
-             n_cu, steps, pos, sxb, sxt, sxd, syb, syt, syd, W: tl.constexpr,
-             ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_HALO: tl.constexpr,
-             MODE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
-    """``(dx [BT, BD], g(t) [BT, BD], start(t), run(t))`` of the tokens ``o_t`` (fp32;
-    ``g`` zero outside ``[0, T)``). ``w0 … w7``: the weight's columns (fp32 ``[BD]``,
-    loaded once per program); ``b_b``: the bias (fp32 ``[BD]``, read if ``HAS_BIAS``)."""
+def _g_tile(x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b, o_t, o_d, m_d, T, D, cu,
+            n_cu, steps, pos, sxb, sxt, sxd, syb, syt, syd, W: tl.constexpr,
+            ACT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_HALO: tl.constexpr,
+            MODE: tl.constexpr, BT: tl.constexpr, BD: tl.constexpr):
+    """``(g, x_0 … x_7, start, run)`` of the tokens ``o_t``: ``g(t) = dy(t) · act'(pre(t))``
+    (fp32 ``[BT, BD]``, zero outside ``[0, T)``), the taps ``x_i = x[t - i]`` its
+    pre-activation read (zero outside ``t``'s document; ``x_i`` for ``i >= W`` unused),
+    and ``t``'s document start and run (:func:`_doc_run`). ``w0 … w7``: the weight's
+    columns (fp32 ``[BD]``); ``b_b``: the bias (read if ``HAS_BIAS``)."""
     st, run = _doc_run(o_t, T, cu, n_cu, steps, pos, W, MODE)
+    if HAS_BIAS:
+        pre = tl.zeros([BT, BD], dtype=tl.float32) + b_b[None, :]
+    else:
+        pre = tl.zeros([BT, BD], dtype=tl.float32)
+    x0 = _tap(x, halo, i_b, o_t, 0, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W, HAS_HALO)
+    pre += x0 * _pick(W - 1, w0, w1, w2, w3, w4, w5, w6, w7)[None, :]
+    x1 = x0
+    x2 = x0
+    x3 = x0
+    x4 = x0
+    x5 = x0
+    x6 = x0
+    x7 = x0
+    for i in tl.static_range(1, W):
+        b_x = _tap(x, halo, i_b, o_t, -i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W, HAS_HALO)
+        pre += b_x * _pick(W - 1 - i, w0, w1, w2, w3, w4, w5, w6, w7)[None, :]
+        if i == 1:
+            x1 = b_x
+        elif i == 2:
+            x2 = b_x
+        elif i == 3:
+            x3 = b_x
+        elif i == 4:
+            x4 = b_x
+        elif i == 5:
+            x5 = b_x
+        elif i == 6:
+            x6 = b_x
+        else:
+            x7 = b_x
+    inside = (o_t >= 0) & (o_t < T)
+    tc = tl.minimum(tl.maximum(o_t, 0), T - 1)
+    g = tl.load(dy + i_b * syb + tc[:, None] * syt + o_d[None, :] * syd,
+                mask=inside[:, None] & m_d[None, :], other=0.0).to(tl.float32)
+    if ACT == 1:
+        sg = tl.sigmoid(pre)
+        g = g * (sg * (1.0 + pre * (1.0 - sg)))
+    g = tl.where(inside[:, None], g, 0.0)
+    return g, x0, x1, x2, x3, x4, x5, x6, x7, st, run
+
+
+@triton.jit
+def _dx_from_ring(ring, o_t, run, T, w0, w1, w2, w3, w4, w5, w6, w7, W: tl.constexpr,
+                  BT: tl.constexpr, BD: tl.constexpr):
+    """``dx[t] = Σ_j g(t + j) · weight[:, W-1-j]`` over the ``j`` whose token ``t + j``
+    continues ``t``'s document (``j <= run(t)``; ``t`` itself for ``j = 0`` when it lies
+    in ``[0, T)``), ``g`` read from the program's ring (row = token mod ``2·BT``), in
+    ``j`` order."""
+    c = tl.arange(0, BD)
     dx = tl.zeros([BT, BD], dtype=tl.float32)
-    g0 = tl.zeros([BT, BD], dtype=tl.float32)
-    for j in tl.static_range(W):  # output token s = t + j; its tap j reads t
+    for j in tl.static_range(W):
         s = o_t + j
         if j == 0:
             same = (s >= 0) & (s < T)
         else:
             same = (s >= 0) & (j <= run)
-        if HAS_BIAS:
-            pre = tl.zeros([BT, BD], dtype=tl.float32) + b_b[None, :]
-        else:
-            pre = tl.zeros([BT, BD], dtype=tl.float32)
-        for i in tl.static_range(W):  # tap i of s reads t + j - i
-            b_x = _tap(x, halo, i_b, o_t, j - i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W,
-                       HAS_HALO)
-            pre += b_x * _pick(W - 1 - i, w0, w1, w2, w3, w4, w5, w6, w7)[None, :]
-        sc = tl.minimum(tl.maximum(s, 0), T - 1)
-        g = tl.load(dy + i_b * syb + sc[:, None] * syt + o_d[None, :] * syd,
-                    mask=same[:, None] & m_d[None, :], other=0.0).to(tl.float32)
-        if ACT == 1:
-            sg = tl.sigmoid(pre)
-            g = g * (sg * (1.0 + pre * (1.0 - sg)))
-        # a select: a token of another document (whose taps were not all read) adds nothing
-        g = tl.where(same[:, None], g, 0.0)
+        r = tl.maximum(s, 0) % (2 * BT)  # rows of s < 0 are masked off
+        g = tl.load(ring + r[:, None] * BD + c[None, :], mask=same[:, None], other=0.0)
         dx += g * _pick(W - 1 - j, w0, w1, w2, w3, w4, w5, w6, w7)[None, :]
-        if j == 0:
-            g0 = g
-    return dx, g0, st, run
+    return dx
 
 
 @triton.jit
-def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_cu, steps,
+def _dhalo_from_ring(ring, dhalo, i_b, o_d, m_d, T, D, cu, n_cu, steps, pos, w0, w1, w2, w3,
+                     w4, w5, w6, w7, W: tl.constexpr, MODE: tl.constexpr, BT: tl.constexpr,
+                     BD: tl.constexpr):
+    """``dhalo`` of row ``i_b`` (the slots ``t = -(W-1) … -1``, the document at token 0)
+    from the ring while it holds the first sub-tile's ``g``."""
+    o_t = tl.arange(0, BT).to(tl.int64) - BT
+    st, run = _doc_run(o_t, T, cu, n_cu, steps, pos, W, MODE)
+    b_dh = _dx_from_ring(ring, o_t, run, T, w0, w1, w2, w3, w4, w5, w6, w7, W, BT, BD)
+    oh = tl.minimum(tl.maximum(o_t + (W - 1), 0), W - 2)
+    tl.store(dhalo + (i_b * (W - 1) + oh[:, None]) * D + o_d[None, :],
+             b_dh.to(dhalo.dtype.element_ty), mask=(o_t >= 1 - W)[:, None] & m_d[None, :])
+
+
+@triton.jit
+def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, ring, cu, pos, T, D, n_cu, steps,
                        sxb, sxt, sxd, syb, syt, syd, swd, sww, W: tl.constexpr,
                        WP: tl.constexpr, ACT: tl.constexpr, HAS_BIAS: tl.constexpr,
                        HAS_HALO: tl.constexpr, MODE: tl.constexpr, BT: tl.constexpr,
@@ -169,6 +223,9 @@ def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_c
     i_k, i_d, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
+    c = tl.arange(0, BD)
+    # this program's ring of g: [2·BT, BD] fp32, row = token mod 2·BT (L1/L2 resident)
+    ring += ((i_b * tl.num_programs(0) + i_k) * tl.num_programs(1) + i_d) * (2 * BT * BD)
     # the weight's columns and the bias, once per program (not per sub-tile)
     w0 = _weight_column(w, o_d, m_d, swd, sww, 0, W)
     w1 = _weight_column(w, o_d, m_d, swd, sww, 1, W)
@@ -193,36 +250,51 @@ def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_c
     a6 = tl.zeros([BT, BD], dtype=tl.float32)
     a7 = tl.zeros([BT, BD], dtype=tl.float32)
     ab = tl.zeros([BT, BD], dtype=tl.float32)
-    # the sub-tiles holding tokens (the last block of a row may be short)
-    for it in range(0, tl.minimum(SUB, tl.cdiv(T - i_k * (SUB * BT), BT))):
+    # the sub-tiles holding tokens (the last block of a row may be short), in order: each
+    # g is computed once and kept in the ring, and dx of a sub-tile, which reads g(t …
+    # t + W-1), follows one sub-tile behind (the last one's after the tile that follows
+    # the block, computed for its first W-1 tokens)
+    n_sub = tl.minimum(SUB, tl.cdiv(T - i_k * (SUB * BT), BT))
+    o_prev = tl.arange(0, BT).to(tl.int64)  # the sub-tile whose dx is pending, its run
+    run_prev = tl.zeros([BT], dtype=tl.int64)
+    for it in range(0, n_sub + 1):
         o_t = (i_k.to(tl.int64) * SUB + it) * BT + tl.arange(0, BT)
-        m_t = o_t < T
-        b_dx, g, st, run = _dx_tile(x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b, o_t,
-                                    o_d, m_d, T, D, cu, n_cu, steps, pos, sxb, sxt, sxd, syb,
-                                    syt, syd, W, ACT, HAS_BIAS, HAS_HALO, MODE, BT, BD)
-        tl.store(dx + (i_b * T + o_t[:, None]) * D + o_d[None, :], b_dx.to(dx.dtype.element_ty),
-                 mask=m_t[:, None] & m_d[None, :])
-        for i in tl.static_range(W):  # g(t) is zero for t >= T
-            gx = g * _tap(x, halo, i_b, o_t, -i, st, run, o_d, m_d, T, D, sxb, sxt, sxd, W,
-                          HAS_HALO)
-            if i == 0:
-                a0 += gx
-            elif i == 1:
-                a1 += gx
-            elif i == 2:
-                a2 += gx
-            elif i == 3:
-                a3 += gx
-            elif i == 4:
-                a4 += gx
-            elif i == 5:
-                a5 += gx
-            elif i == 6:
-                a6 += gx
-            else:
-                a7 += gx
-        if HAS_BIAS:
-            ab += g
+        g, x0, x1, x2, x3, x4, x5, x6, x7, st, run = _g_tile(
+            x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b, o_t, o_d, m_d, T, D, cu,
+            n_cu, steps, pos, sxb, sxt, sxd, syb, syt, syd, W, ACT, HAS_BIAS, HAS_HALO, MODE,
+            BT, BD)
+        tl.debug_barrier()  # the reads of these rows (two sub-tiles back) are done
+        tl.store(ring + (o_t % (2 * BT))[:, None] * BD + c[None, :], g)
+        tl.debug_barrier()
+        if HAS_HALO:
+            if (i_k == 0) & (it == 0):  # the halo slots t = -(W-1) .. -1: g(t + j) is tile 0's
+                _dhalo_from_ring(ring, dhalo, i_b, o_d, m_d, T, D, cu, n_cu, steps, pos, w0, w1,
+                                 w2, w3, w4, w5, w6, w7, W, MODE, BT, BD)
+        if it > 0:
+            b_dx = _dx_from_ring(ring, o_prev, run_prev, T, w0, w1, w2, w3, w4, w5, w6, w7, W,
+                                 BT, BD)
+            tl.store(dx + (i_b * T + o_prev[:, None]) * D + o_d[None, :],
+                     b_dx.to(dx.dtype.element_ty), mask=(o_prev < T)[:, None] & m_d[None, :])
+        if it < n_sub:  # g(t) is zero for t >= T
+            a0 += g * x0
+            if W > 1:
+                a1 += g * x1
+            if W > 2:
+                a2 += g * x2
+            if W > 3:
+                a3 += g * x3
+            if W > 4:
+                a4 += g * x4
+            if W > 5:
+                a5 += g * x5
+            if W > 6:
+                a6 += g * x6
+            if W > 7:
+                a7 += g * x7
+            if HAS_BIAS:
+                ab += g
+        o_prev = o_t
+        run_prev = run
     r_w = tl.arange(0, WP)
     acc = tl.zeros([WP, BD], dtype=tl.float32)  # row W-1-i: dweight column of lag i; row W: dbias
     for i in tl.static_range(W):
@@ -233,17 +305,6 @@ def _conv1d_bwd_kernel(x, halo, w, bias, dy, dx, dhalo, part, cu, pos, T, D, n_c
     row = i_b * tl.num_programs(0) + i_k
     tl.store(part + (row * WP + r_w[:, None]) * D + o_d[None, :], acc,
              mask=(r_w[:, None] < WP) & m_d[None, :])
-    if HAS_HALO:
-        if i_k == 0:  # the halo slots t = -(W-1) .. -1
-            o_t = tl.arange(0, BT).to(tl.int64) - BT
-            m_h = o_t >= 1 - W
-            b_dh, g, st, run = _dx_tile(x, halo, w0, w1, w2, w3, w4, w5, w6, w7, b_b, dy, i_b,
-                                        o_t, o_d, m_d, T, D, cu, n_cu, steps, pos, sxb, sxt,
-                                        sxd, syb, syt, syd, W, ACT, HAS_BIAS, HAS_HALO, MODE,
-                                        BT, BD)
-            oh = tl.minimum(tl.maximum(o_t + (W - 1), 0), W - 2)
-            tl.store(dhalo + (i_b * (W - 1) + oh[:, None]) * D + o_d[None, :],
-                     b_dh.to(dhalo.dtype.element_ty), mask=m_h[:, None] & m_d[None, :])
 
 
 @triton.jit
@@ -306,8 +367,12 @@ def conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     WP = triton.next_power_of_2(W + 1)
     blocks = triton.cdiv(T, CONV_BWD_TOKEN_BLOCK)
     part = torch.empty(B * blocks, WP, D, dtype=torch.float32, device=dev)
-    _conv1d_bwd_kernel[(blocks, triton.cdiv(D, CONV_BLOCK_D), B)](
-        x, h, weight, b, dy, dx, dhalo if has_halo else dx, part, cu, pos, T, D, n_cu, steps,
+    d_blocks = triton.cdiv(D, CONV_BLOCK_D)
+    ring = torch.empty(B * blocks * d_blocks * 2 * CONV_BWD_BLOCK_T * CONV_BLOCK_D,
+                       dtype=torch.float32, device=dev)
+    _conv1d_bwd_kernel[(blocks, d_blocks, B)](
+        x, h, weight, b, dy, dx, dhalo if has_halo else dx, part, ring, cu, pos, T, D, n_cu,
+        steps,
         *x.stride(), *dy.stride(), *weight.stride(), W=W, WP=WP, ACT=_ACT[activation],
         HAS_BIAS=bias is not None, HAS_HALO=has_halo, MODE=mode, BT=CONV_BWD_BLOCK_T,
         BD=CONV_BLOCK_D, SUB=CONV_BWD_TOKEN_BLOCK // CONV_BWD_BLOCK_T, num_warps=4,

@@ -20,13 +20,17 @@ L2NORM_EPS = 1e-6
 
 
 @triton.jit
-def _l2norm_fwd_kernel(x, y, rstd, R, D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
+def _l2norm_fwd_kernel(x, y, rstd, R, H, x_row, x_head, D: tl.constexpr, eps, BR: tl.constexpr,
+                       BD: tl.constexpr):
+    """Rows ``r = t·H + h``: read at ``t·x_row + h·x_head`` (``x``'s strides, unit last),
+    written to the contiguous ``y``."""
     rr = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rd = tl.arange(0, BD)
     mr = rr < R
     mask = mr[:, None] & (rd[None, :] < D)
     offs = rr[:, None] * D + rd[None, :]
-    b = tl.load(x + offs, mask=mask, other=0.0).to(tl.float32)
+    x_offs = ((rr // H) * x_row + (rr % H) * x_head)[:, None] + rd[None, :]
+    b = tl.load(x + x_offs, mask=mask, other=0.0).to(tl.float32)
     r = 1.0 / tl.sqrt(tl.sum(b * b, axis=1) + eps)
     tl.store(y + offs, (b * r[:, None]).to(y.dtype.element_ty), mask=mask)
     tl.store(rstd + rr, r, mask=mr)
@@ -56,22 +60,25 @@ def l2norm_fwd(x: torch.Tensor, eps: float = L2NORM_EPS) -> tuple[torch.Tensor, 
     """L2-normalise the last dimension.
 
     Args:
-        x: ``[T, H, D]`` (any leading shape works), bf16/fp16/fp32.
+        x: ``[T, H, D]`` (any leading shape works), bf16/fp16/fp32. A ``[T, H, D]``
+            view with a unit last stride (e.g. q or k split off a packed
+            projection) is read in place; anything else is made contiguous first.
 
     Returns:
-        ``(y, rstd)``: ``y`` like ``x`` (same dtype), ``rstd: [T, H]`` fp32
-        (``x.shape[:-1]``).
+        ``(y, rstd)``: ``y`` of ``x``'s shape and dtype, contiguous; ``rstd:
+        x.shape[:-1]`` fp32.
     """
-    x = x.contiguous()
     D = x.shape[-1]
-    y = torch.empty_like(x)
+    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
     rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
     R = rstd.numel()
     if R == 0 or D == 0:
         return y, rstd
+    rows = x if x.dim() == 3 and x.stride(-1) == 1 else x.contiguous().view(-1, 1, D)
     BR, BD = _rows(D)
     _l2norm_fwd_kernel[(triton.cdiv(R, BR),)](
-        x, y, rstd, R, D, eps, BR=BR, BD=BD, num_warps=4, num_stages=1
+        rows, y, rstd, R, rows.shape[1], rows.stride(0), rows.stride(1), D, eps, BR=BR, BD=BD,
+        num_warps=4, num_stages=1
     )
     return y, rstd
 

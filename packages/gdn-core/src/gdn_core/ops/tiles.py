@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import functools
 
+import torch
 import triton
 
-__all__ = ["MIN_DOT_TILE", "dot_tile"]
+__all__ = ["MIN_DOT_TILE", "dot_tile", "unit_last"]
 
 MIN_DOT_TILE = 64
 
@@ -28,3 +29,10 @@ def dot_tile(n: int, cap: int) -> int:
     """Block size for a head dimension ``n``: the next power of two, raised to
     :data:`MIN_DOT_TILE`, then capped at ``cap`` (the kernel's chosen width)."""
     return min(cap, max(MIN_DOT_TILE, triton.next_power_of_2(n)))
+
+
+def unit_last(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself when its last dimension has unit stride (a kernel that takes the
+    other strides reads such a view of a packed projection in place), else a
+    contiguous copy."""
+    return x if x.stride(-1) == 1 else x.contiguous()

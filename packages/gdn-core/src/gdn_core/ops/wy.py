@@ -44,7 +44,7 @@ import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.registry import launcher
-from gdn_core.ops.tiles import dot_tile
+from gdn_core.ops.tiles import dot_tile, unit_last
 
 __all__ = ["inverse_for_backward", "wy_apply", "wy_config", "wy_fwd"]
 
@@ -165,6 +165,8 @@ def _wy_kernel(
     chunk_len,
     H,
     HV,
+    VT,
+    VH,
     GROUP: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -175,7 +177,9 @@ def _wy_kernel(
     INVERT: tl.constexpr,
 ):
     """One chunk × value head. ``INVERT``: phases 1–2 build ``A_inv`` in place
-    (:func:`wy_fwd`); else ``A_inv`` is read as given (:func:`wy_apply`)."""
+    (:func:`wy_fwd`); else ``A_inv`` is read as given (:func:`wy_apply`). ``VT``,
+    ``VH``: ``v``'s token and head strides (a view of a packed projection is read
+    in place)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
@@ -233,7 +237,7 @@ def _wy_kernel(
 
     # ---- phase 3: W, U ----
     _wy_apply_tiles(p_a, RS, p_k, KS, W + bos * HV * K + i_hv * K, HV * K,
-                    v + bos * HV * V + i_hv * V, HV * V, U + bos * HV * V + i_hv * V, HV * V,
+                    v + bos * VT + i_hv * VH, VT, U + bos * HV * V + i_hv * V, HV * V,
                     g, b, t, n, K, V, BK, BV, PREC, DOT16)
 
 
@@ -286,7 +290,8 @@ def wy_fwd(
 
     Args:
         k: ``[T, H, K]`` keys (bf16/fp16/fp32), head ``hv // group`` serves value head ``hv``.
-        v: ``[T, HV, V]`` values, ``HV = H * group``.
+        v: ``[T, HV, V]`` values, ``HV = H * group`` (read in place at its token
+            and head strides when the last is 1).
         beta: ``[T, HV]`` write strengths.
         G: ``[T, HV]`` fp32 within-chunk cumsum of ``g`` (:func:`chunk_cumsum_fwd`).
         index: the chunk table (chunk size 64).
@@ -330,14 +335,16 @@ def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert:
     makes the launch itself (no frame between it and the kernel)."""
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
-    k, v, beta, A_inv = (x.contiguous() for x in (k, v, beta, A_inv))
+    k, beta, A_inv = (x.contiguous() for x in (k, beta, A_inv))
+    v = unit_last(v)
     G = G.contiguous().float()
     W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
     U = torch.empty(T, HV, V, dtype=v.dtype, device=v.device)
     if index.num_chunks == 0 or HV == 0:
         return W, U, None, (), {}
     cfg = wy_config(K, V)
-    args = (k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV)
+    args = (k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
+            v.stride(0), v.stride(1))
     constexprs = dict(
         GROUP=group, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
         PREC="ieee" if k.dtype == torch.float32 else "tf32",

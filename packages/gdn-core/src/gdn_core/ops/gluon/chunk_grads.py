@@ -1,0 +1,553 @@
+"""Backward stage (c), every chunk-local gradient, as ONE Gluon kernel for Hopper (sm_90a).
+
+Opt-in, K = V = 128, chunks of 64, 16-bit inputs. Same math, arguments and results as
+:func:`gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd` (its module docstring has the
+formulas of dQ, dK, dv, dβ and of dg in the crossing-sum form); the Triton pair
+(``_dq_dv_kernel`` + ``_dk_kernel``) stays the default and serves every other shape.
+
+The whole stage in one launch: one CTA per (chunk, value head), 8 warps (two
+warpgroups), every product a ``warpgroup_mma`` with both operands in shared memory and
+an fp32 accumulator in registers. Each warpgroup owns half the columns of every
+product (``NVMMADistributedLayout(warps_per_cta [4, 2])``, ``m64n32k16`` for the
+64×64 products, ``m64n64k16`` for the 64×128 ones): 16 registers a thread for a
+64×64 fp32 accumulator, 32 for a 64×128 one.
+
+Shared memory (16-bit, ``NVMMASharedLayout.get_default_for``, 128-byte swizzle), all
+of it resident for the whole CTA — 200 KiB of tiles + 16 KiB compiler scratch
+(the layout conversion of the crossing sums) = 221,216 B, so **one CTA per SM**:
+
+* by TMA, on four mbarriers in the order of use: dO, V', Q, K (``[64, 128]`` each) |
+  dU, ``A_inv`` (``[64, 64]`` of the ``[T, HV·64]`` view), V | ``h = S`` (``[128,
+  128]`` of ``[NT·HV·K, V]``) | ``dh = dS``. ``h`` and ``dh`` are read from HBM once
+  per (chunk, head) (the Triton pair reads them twice, and dO, dU, V', Q, K twice);
+* written by the kernel: ``ds = dP ⊙ D · scale`` ``[64, 64]``, ``dT`` (then ``dT Tᵀ``
+  in the same tile), ``E'`` and ``diag(β) E'`` ``[64, 64]``, and ``dW`` ``[64, 128]``
+  in V's tile once V is spent. A transposed operand (``Tᵀ``, ``Kᵀ``, ``Qᵀ``, ``V'ᵀ``,
+  ``Sᵀ``, ``dSᵀ``, ``dsᵀ``, ``(diag(β)E')ᵀ``) is a ``permute`` of a shared tile: no
+  register transpose, no HBM round trip (the Triton pair writes ``E'`` over ``dT`` in
+  ``dk`` and reads ``E'ᵀ`` back through swapped strides).
+
+Order of the products (``→`` a result consumed in registers, ``⇒ smem`` a result
+cast to 16 bits and stored as the next operand; fence + CTA barrier before a
+``warpgroup_mma`` reads what threads stored):
+
+A. ``dP = dO V'ᵀ``, ``Q Kᵀ`` (async pair) → ``ds`` ⇒ smem; crossing sums of
+   ``Mo = ds ⊙ Q Kᵀ``. ``dṼ = Tᵀ dU`` → ``dv = β ⊙ dṼ`` (stored), ``v·dṼ``;
+   ``X1 = dU Vᵀ`` (async, kept).
+B. ``dO Sᵀ``, ``dU Sᵀ`` (async pair) → ``dQ_state = Γ scale dO Sᵀ``, ``q·dQ_state``;
+   ``dQ = dQ_state + ds K`` (accumulated onto ``dQ_state``) stored;
+   ``dW = −dU Sᵀ`` ⇒ smem (V's tile); ``X2 = dW Kᵀ``;
+   ``dT = X1 ⊙ β_j + X2 ⊙ (βΓ)_j`` ⇒ smem. (The Triton kernel rounds ``βV`` and
+   ``βΓK`` to 16 bits and accumulates both into one dot; here the column scales are
+   applied in fp32 after two dots: one rounding fewer, no extra shared tiles.)
+C. ``dT Tᵀ`` ⇒ smem (over ``dT``), ``K Kᵀ`` (async); ``Tᵀ (dT Tᵀ)`` → ``E'`` ⇒ smem,
+   ``diag(β) E'`` ⇒ smem; crossing sums of ``Mw = E' ⊙ diag(β) K Kᵀ``.
+D. ``Tᵀ dW`` and ``V' dSᵀ`` (async pair); ``⟨S, dS⟩`` from the shared tiles meanwhile
+   (fixed order); ``acc = Γ ⊙ Tᵀ dW`` (``k·acc`` for dg), ``acc += E' K`` (= C, ``k·C``
+   for dβ), ``acc = β ⊙ acc + (diag(β) E')ᵀ K``, ``acc += kd ⊙ V' dSᵀ`` (``k·dK_state``
+   for dg), ``acc += dsᵀ Q`` = dK, stored. (``E'ᵀ (diag(β) K)`` of the Triton kernel
+   is ``(diag(β) E')ᵀ K`` here: the β on the contracted index goes on the 64×64
+   operand, not on a 64×128 one.)
+
+At most three fp32 accumulators are live at once (``X1`` through phase B, ``dT Tᵀ`` /
+``K Kᵀ``, ``acc`` and ``V' dSᵀ`` in D). dQ, dK, dv are stored straight from the
+accumulator layout (masked rows; no conversion scratch). dg and dβ: the Triton
+kernels' terms in their order — ``cs(Mw) + cs(Mo) + exp(G_last)⟨S, dS⟩ +
+Σ_{j<t} k_j·dK_state_j + Σ_{i≥t} β_i k_i·Γ(Tᵀ dW)_i + Σ_{i≥t} q_i·dQ_state_i`` and
+``k·C + v·dṼ`` — with the crossing sums as in
+:func:`~gdn_core.ops.chunk_grads_bwd.crossing_sums` (an inclusive scan along rows in a
+layout that keeps a row in one warp, a masked column sum, a shift) and the suffix /
+exclusive prefix sums as masked column sums (fixed order, no scan formed as inclusive
+minus self). No atomics, a fixed order for every sum, each output row owned by one
+CTA: two calls give the same bits. The partials of ``dg`` and ``dβ`` that the Triton
+pair hands over through HBM (``[T, HV]`` fp32 each) and the ``dT`` hand-over stay on
+chip.
+
+Short chunks (the last of a document, ``n < 64``): TMA reads whole 64-row tiles, so
+rows ``≥ n`` hold the next document's rows (zeros past ``T``). After the loads land,
+rows ``≥ n`` of Q, K, V, V', dO, dU and rows/columns ``≥ n`` of ``A_inv`` are set to
+zero in shared memory (a short chunk only) before any product, so no ``0 · NaN`` of
+another document reaches a valid row; G and β are loaded masked (``Γ``, ``kd`` zero
+past ``n``) and nothing is stored past row ``n``. That is the Triton kernels' masked-load
+semantics, so the same masks (``i ≥ j``, ``i > j``, ``i < n``) follow.
+
+``dq``/``dk``: fp32 per value head partials, or with ``group == 1`` the final values
+in any float dtype (rounded once, at the store).
+
+Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
+(``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_grads``;
+bf16, H = HV = 16 with bf16 ``dq``/``dk``, and H = 8, HV = 16 with fp32 partials)::
+
+    warps=8 (the launcher's): 244 / 242 registers, 0 spills, 221,216 B shared,
+                              4,616 / 4,584 SASS instructions
+    warps=4 (one warpgroup):  255 registers, 524 / 492 B spill stores,
+                              221,216 B shared, 8,168 / 8,072 SASS instructions
+
+against the Triton pair at 4 warps (``sm90_report.py bwd``): ``_dq_dv_kernel`` 252
+registers, 0 spills, 73,728 B; ``_dk_kernel`` 255 registers, 212 B spills, 57,344 B.
+The PTX has 96 ``wgmma.mma_async`` (``m64n32k16``/``m64n64k16``) a warpgroup, 9 TMA
+copies (each ``[·, 128]`` tile as two 64-column boxes from two warps).
+
+What only the GPU can tell (docs/kernels.md): whether one CTA per SM with all loads
+issued up front and a chain of 16 wgmma groups (most dependent) is faster than the
+pair (nothing overlaps one CTA's loads with another's compute on the same SM; a
+persistent variant that prefetches the next chunk needs the shared memory back —
+e.g. ``h``/``dS`` in one buffer); the 80 ``bar.sync`` the membar pass puts around the
+TMA issues; the cost of the crossing-sum scans and masked sums beside the products.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.registry import launcher
+
+__all__ = ["GLUON_CHUNK_GRADS_WARPS", "chunk_grads_bwd_gluon", "gluon_chunk_grads_supported"]
+
+try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must not fail
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _GLUON_ERROR: Exception | None = None
+except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
+    _GLUON_ERROR = exc
+
+    class _NoGluon:
+        @staticmethod
+        def jit(fn):
+            return fn
+
+    gluon = _NoGluon()
+
+#: Warps of the kernel: two warpgroups, each owning half the columns of every product.
+GLUON_CHUNK_GRADS_WARPS = 8
+_BT, _K, _V = 64, 128, 128
+
+
+@gluon.jit
+def _add(a, b):
+    return a + b
+
+
+@gluon.jit
+def _zero_rows(s, n, R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):
+    """Rows ``>= n`` of the shared ``[R, C]`` tile ``s`` set to zero (a short chunk's
+    tile holds the next document's rows there)."""
+    r = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    x = s.load(layout)
+    s.store(gl.where((r < n)[:, None], x, gl.zeros_like(x)))
+
+
+@gluon.jit
+def _crossing_sums(M, BT: gl.constexpr, scan_layout: gl.constexpr, out_layout: gl.constexpr):
+    """``c_t = Σ_{i ≥ t} Σ_{j < t} M_ij`` of a ``[BT, BT]`` fp32 tile, as
+    :func:`gdn_core.ops.chunk_grads_bwd.crossing_sums`: an inclusive scan along rows
+    (``scan_layout`` keeps a row in one warp), a masked column sum, a shift by one token.
+    Returned in ``out_layout`` (a row-vector layout)."""
+    M = gl.convert_layout(M, scan_layout)
+    N = gl.associative_scan(M, 1, _add)
+    r = gl.arange(0, BT, layout=gl.SliceLayout(1, scan_layout))
+    c = gl.arange(0, BT, layout=gl.SliceLayout(0, scan_layout))
+    cs = gl.sum(gl.where(r[:, None] > c[None, :], N, 0.0), axis=0)  # [t] = c_{t+1}
+    out = gl.sum(gl.where(c[None, :] == r[:, None] - 1, cs[None, :], 0.0), axis=1)
+    return gl.convert_layout(out, out_layout)
+
+
+@gluon.jit
+def _suffix_sum(x, rows, cols, out_layout: gl.constexpr):
+    """``Σ_{i ≥ t} x_i`` (``x`` a row vector of the layout ``rows``/``cols`` come from) as a
+    masked column sum (fixed order; no scan)."""
+    s = gl.sum(gl.where(rows[:, None] >= cols[None, :], x[:, None], 0.0), axis=0)
+    return gl.convert_layout(s, out_layout)
+
+
+@gluon.jit
+def _prefix_sum_excl(x, rows, cols, out_layout: gl.constexpr):
+    """``Σ_{j < t} x_j`` as a masked column sum (no exclusive scan formed as inclusive
+    minus self)."""
+    s = gl.sum(gl.where(rows[:, None] < cols[None, :], x[:, None], 0.0), axis=0)
+    return gl.convert_layout(s, out_layout)
+
+
+@gluon.jit
+def _store_rows(ptr, x, n, row_stride, R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):
+    """``x`` (``[R, C]`` in ``layout``) stored to ``ptr + r·row_stride + c`` for rows ``< n``,
+    cast to the pointee type, straight from the accumulator layout (no scratch)."""
+    r = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
+    offs = r[:, None] * row_stride + c[None, :]
+    mask = (r[:, None] < n) & (c[None, :] < C)
+    gl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _chunk_grads_bwd_gluon_kernel(
+    q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
+    G, beta, dq, dk, dv, dbeta, dg,
+    chunk_start, chunk_len, scale, HV,
+    GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+):
+    gl.static_assert(K == V)
+    i_c = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_h = i_hv // GROUP
+    bos = gl.load(chunk_start + i_c)
+    n = gl.load(chunk_len + i_c)
+    dtype: gl.constexpr = q_desc.dtype
+    WG: gl.constexpr = gl.num_warps() // 4  # warpgroups; each owns 1/WG of the columns
+
+    # --- register layouts
+    L64: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BT // WG, 16])
+    L128: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, V // WG, 16])
+    R64: gl.constexpr = gl.SliceLayout(1, L64)
+    C64: gl.constexpr = gl.SliceLayout(0, L64)
+    R128: gl.constexpr = gl.SliceLayout(1, L128)
+    IO: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4 * WG, 1],
+        order=[1, 0])
+    SCAN: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 2], threads_per_warp=[1, 32], warps_per_cta=[4 * WG, 1],
+        order=[1, 0])
+    t64: gl.constexpr = a_desc.layout  # NVMMA layout of a [64, 64] 16-bit tile
+
+    # --- shared memory: every input tile of the chunk once, and the 64x64 operands
+    q_s = gl.allocate_shared_memory(dtype, [BT, K], q_desc.layout)
+    k_s = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)  # later: dW
+    vn_s = gl.allocate_shared_memory(dtype, [BT, V], vn_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [BT, V], do_desc.layout)
+    du_s = gl.allocate_shared_memory(dtype, [BT, V], du_desc.layout)
+    h_s = gl.allocate_shared_memory(dtype, [K, V], h_desc.layout)
+    dh_s = gl.allocate_shared_memory(dtype, [K, V], dh_desc.layout)
+    a_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # T = A_inv (row-major)
+    ds_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # dP ⊙ D · scale
+    dt_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # dT, then dT Tᵀ
+    e_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # E'
+    eb_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # diag(β) E'
+    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(4):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    # --- TMA: dO, V', Q, K | dU, A_inv, V | h | dS, in the order of use
+    tv = i_hv * V
+    tk = i_h * K
+    mbarrier.expect(bars.index(0), 4 * q_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(do_desc, [bos, tv], bars.index(0), do_s)
+    tma.async_copy_global_to_shared(vn_desc, [bos, tv], bars.index(0), vn_s)
+    tma.async_copy_global_to_shared(q_desc, [bos, tk], bars.index(0), q_s)
+    tma.async_copy_global_to_shared(k_desc, [bos, tk], bars.index(0), k_s)
+    mbarrier.expect(bars.index(1), 2 * du_desc.block_type.nbytes + a_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(du_desc, [bos, tv], bars.index(1), du_s)
+    tma.async_copy_global_to_shared(a_desc, [bos, i_hv * BT], bars.index(1), a_s)
+    tma.async_copy_global_to_shared(v_desc, [bos, tv], bars.index(1), v_s)
+    st = (i_c * HV + i_hv) * K
+    mbarrier.expect(bars.index(2), h_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(h_desc, [st, 0], bars.index(2), h_s)
+    mbarrier.expect(bars.index(3), dh_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(dh_desc, [st, 0], bars.index(3), dh_s)
+
+    # --- G, β, Γ of the chunk (masked: rows >= n read 0) while the copies fly
+    rows = gl.arange(0, BT, layout=R64)
+    cols = gl.arange(0, BT, layout=C64)
+    p_s = bos.to(gl.int64) * HV + i_hv
+    g_r = gl.load(G + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+    g_c = gl.load(G + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
+    b_r = gl.load(beta + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+    b_c = gl.load(beta + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
+    gam_r = gl.where(rows < n, gl.exp(g_r), 0.0)
+    gam_c = gl.where(cols < n, gl.exp(g_c), 0.0)
+    g_last = gl.load(G + p_s + (n - 1) * HV).to(gl.float32)
+    gam_r128 = gl.convert_layout(gam_r, R128)
+    b_r128 = gl.convert_layout(b_r, R128)
+    kd128 = gl.convert_layout(gl.where(rows < n, gl.exp(g_last - g_r), 0.0), R128)
+
+    # --- a short chunk: rows >= n of every token tile (and T's columns >= n) to zero
+    # before any product can bring 0·NaN of the next document into a valid row
+    if n < BT:
+        mbarrier.wait(bars.index(0), 0)
+        mbarrier.wait(bars.index(1), 0)
+        _zero_rows(q_s, n, BT, K, IO)
+        _zero_rows(k_s, n, BT, K, IO)
+        _zero_rows(v_s, n, BT, V, IO)
+        _zero_rows(vn_s, n, BT, V, IO)
+        _zero_rows(do_s, n, BT, V, IO)
+        _zero_rows(du_s, n, BT, V, IO)
+        ar = gl.arange(0, BT, layout=gl.SliceLayout(1, SCAN))
+        ac = gl.arange(0, BT, layout=gl.SliceLayout(0, SCAN))
+        at = a_s.load(SCAN)
+        a_s.store(gl.where((ar[:, None] < n) & (ac[None, :] < n), at, gl.zeros_like(at)))
+        fence_async_shared()
+        gl.thread_barrier()
+
+    z64 = gl.zeros([BT, BT], gl.float32, L64)
+    z128 = gl.zeros([BT, V], gl.float32, L128)
+
+    # ---- A: dP = dO V'ᵀ and Q Kᵀ; ds = dP ⊙ D · scale; Mo's crossing sums
+    mbarrier.wait(bars.index(0), 0)
+    dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    dp = warpgroup_mma_wait(1, deps=[dp, do_s, vn_s])[0]
+    m_low = (rows[:, None] >= cols[None, :]) & (rows[:, None] < n)
+    ds = dp * gl.exp(gl.where(m_low, g_r[:, None] - g_c[None, :], float("-inf"))) * scale
+    ds_s.store(ds.to(dtype))
+    qk = warpgroup_mma_wait(0, deps=[qk, q_s, k_s])[0]
+    cs_o = _crossing_sums(ds * qk, BT, SCAN, R64)  # Mo = (dP ⊙ D) scale ⊙ Q Kᵀ
+
+    # dṼ = Tᵀ dU (dv, v·dṼ) and X1 = dU Vᵀ (dT's dU half, β applied to its columns)
+    mbarrier.wait(bars.index(1), 0)
+    dvt = warpgroup_mma(a_s.permute((1, 0)), du_s, z128, use_acc=False, is_async=True)
+    x1 = warpgroup_mma(du_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    dvt = warpgroup_mma_wait(1, deps=[dvt, a_s, du_s])[0]
+    db_v = gl.sum(dvt * v_s.load(L128).to(gl.float32), axis=1)  # v·dṼ
+    tvo = p_s * V
+    _store_rows(dv + tvo, dvt * b_r128[:, None], n, HV * V, BT, V, L128)
+
+    # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
+    mbarrier.wait(bars.index(2), 0)
+    dqs = warpgroup_mma(do_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+    dwn = warpgroup_mma(du_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+    x1 = warpgroup_mma_wait(2, deps=[x1, du_s, v_s])[0]
+    dqs = warpgroup_mma_wait(1, deps=[dqs, do_s, h_s])[0]
+    dqs = dqs * (gam_r128 * scale)[:, None]
+    dgq = gl.sum(q_s.load(L128).to(gl.float32) * dqs, axis=1)  # q·dQ_state
+    fence_async_shared()
+    gl.thread_barrier()  # ds_s written by both warpgroups; v_s read by all (x1, db_v)
+    dqa = warpgroup_mma(ds_s, k_s, dqs, is_async=True)
+    dwn = warpgroup_mma_wait(1, deps=[dwn, du_s, h_s])[0]
+    dw_s = v_s  # V is spent: its tile carries dW (16-bit, as the Triton kernels round it)
+    dw_s.store((-dwn).to(dtype))
+    dqa = warpgroup_mma_wait(0, deps=[dqa, ds_s, k_s])[0]
+    tko = p_s * K
+    _store_rows(dq + tko, dqa, n, HV * K, BT, K, L128)
+    fence_async_shared()
+    gl.thread_barrier()
+    # dT = dU (βV)ᵀ + dW (βΓK)ᵀ: β, βΓ on the columns in fp32 (Triton rounds βV, βΓK)
+    x2 = warpgroup_mma(dw_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    x2 = warpgroup_mma_wait(0, deps=[x2, dw_s, k_s])[0]
+    d_t = x1 * b_c[None, :] + x2 * (b_c * gam_c)[None, :]
+
+    # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
+    dt_s.store(d_t.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    xx = warpgroup_mma(dt_s, a_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    kk = warpgroup_mma(k_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    xx = warpgroup_mma_wait(1, deps=[xx, dt_s, a_s])[0]
+    gl.thread_barrier()  # both warpgroups' reads of dT are done: its tile takes dT Tᵀ
+    dt_s.store(xx.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    da = warpgroup_mma(a_s.permute((1, 0)), dt_s, z64, use_acc=False, is_async=True)
+    kk = warpgroup_mma_wait(1, deps=[kk, k_s])[0]
+    da = warpgroup_mma_wait(0, deps=[da, a_s, dt_s])[0]
+    m_low1 = (rows[:, None] > cols[None, :]) & (rows[:, None] < n)
+    e = gl.where(m_low1, -da * gl.exp(gl.where(m_low1, g_r[:, None] - g_c[None, :], 0.0)), 0.0)
+    e_s.store(e.to(dtype))
+    eb_s.store((e * b_r[:, None]).to(dtype))
+    cs_w = _crossing_sums(e * b_r[:, None] * kk, BT, SCAN, R64)  # Mw = E' ⊙ diag(β) K Kᵀ
+    fence_async_shared()
+    gl.thread_barrier()
+
+    # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
+    #         C = Γ ⊙ (Tᵀ dW) + E' K
+    acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
+    mbarrier.wait(bars.index(3), 0)
+    dks = warpgroup_mma(vn_s, dh_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+    # ⟨S, dS⟩ from shared memory while the products run (fixed order: rows in blocks)
+    SB: gl.constexpr = 32
+    pr = gl.zeros([SB, V], gl.float32, IO)
+    for i in gl.static_range(K // SB):
+        pr += (h_s.slice(i * SB, SB).load(IO).to(gl.float32)
+               * dh_s.slice(i * SB, SB).load(IO).to(gl.float32))
+    sds = gl.sum(gl.sum(pr, axis=1), axis=0)
+    acc = warpgroup_mma_wait(1, deps=[acc, a_s, dw_s])[0]
+    acc = acc * gam_r128[:, None]
+    k_r = k_s.load(L128).to(gl.float32)
+    wr = gl.sum(acc * k_r, axis=1)  # k·Γ(Tᵀ dW)
+    acc = warpgroup_mma(e_s, k_s, acc, is_async=True)  # C
+    acc, dks, _, _, _, _ = warpgroup_mma_wait(0, deps=[acc, dks, e_s, k_s, vn_s, dh_s])
+    db_c = gl.sum(acc * k_r, axis=1)  # k·C
+    acc = warpgroup_mma(eb_s.permute((1, 0)), k_s, acc * b_r128[:, None], is_async=True)
+    dks = dks * kd128[:, None]
+    kds = gl.sum(k_r * dks, axis=1)  # k·dK_state
+    acc = warpgroup_mma_wait(0, deps=[acc, eb_s, k_s])[0]
+    acc = warpgroup_mma(ds_s.permute((1, 0)), q_s, acc + dks, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc, ds_s, q_s])[0]
+    _store_rows(dk + tko, acc, n, HV * K, BT, K, L128)
+
+    for i in gl.static_range(4):
+        mbarrier.invalidate(bars.index(i))
+
+    # ---- dg, dβ (the Triton kernels' order of terms)
+    b_dg = cs_w + cs_o
+    b_dg += gl.exp(g_last) * sds
+    b_dg += _prefix_sum_excl(gl.convert_layout(kds, R64), rows, cols, R64)
+    b_dg += _suffix_sum(b_r * gl.convert_layout(wr, R64), rows, cols, R64)
+    b_dg += _suffix_sum(gl.convert_layout(dgq, R64), rows, cols, R64)
+    b_db = gl.convert_layout(db_c, R64) + gl.convert_layout(db_v, R64)
+    m = rows < n
+    gl.store(dg + p_s + rows * HV, b_dg.to(dg.dtype.element_ty), mask=m)
+    gl.store(dbeta + p_s + rows * HV, b_db.to(dbeta.dtype.element_ty), mask=m)
+
+
+def gluon_chunk_grads_supported(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor,
+                                index: ChunkIndex) -> bool:
+    """Whether :func:`chunk_grads_bwd_gluon` serves these shapes and dtypes (the device is
+    not checked, nor the other tensors): K = V = 128, chunks of 64, q, v and A_inv of one
+    16-bit dtype."""
+    return (q.shape[-1] == _K and v.shape[-1] == _V and index.chunk_size == _BT
+            and q.dtype in (torch.bfloat16, torch.float16)
+            and v.dtype == q.dtype and A_inv.dtype == q.dtype)
+
+
+def _require_gluon_sm90(device: torch.device) -> None:
+    if _GLUON_ERROR is not None:
+        raise RuntimeError(f"Gluon (triton.experimental.gluon, Triton >= 3.6) is not importable "
+                           f"here: {_GLUON_ERROR!r}")
+    if device.type != "cuda":
+        raise RuntimeError(f"the Gluon chunk-gradient kernel runs on CUDA sm_90 only, got "
+                           f"device {device}")
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        raise RuntimeError(f"the Gluon chunk-gradient kernel is compiled for sm_90a only, device "
+                           f"{device} is sm_{cap[0]}{cap[1]}")
+
+
+def _aligned(x: torch.Tensor) -> torch.Tensor:
+    """``x`` contiguous with a 16-byte aligned base (TMA needs it)."""
+    x = x.contiguous()
+    return x if x.data_ptr() % 16 == 0 else x.clone()
+
+
+def _desc(x2d: torch.Tensor, block: list[int]):
+    dt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for(block, dt)
+    return TensorDescriptor.from_tensor(x2d, block, layout)
+
+
+def _descriptors(q, k, v, v_new, h, dh, do, du, A_inv) -> dict:
+    """TMA descriptors over the 2-D views the kernel tiles (CPU tensors suffice to build
+    them, for :mod:`tools.sm90_report`)."""
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    NT = h.shape[0]
+    BT = A_inv.shape[-1]
+    return dict(
+        q_desc=_desc(q.view(T, H * K), [BT, K]),
+        k_desc=_desc(k.view(T, H * K), [BT, K]),
+        v_desc=_desc(v.view(T, HV * V), [BT, V]),
+        vn_desc=_desc(v_new.view(T, HV * V), [BT, V]),
+        do_desc=_desc(do.view(T, HV * V), [BT, V]),
+        du_desc=_desc(du.view(T, HV * V), [BT, V]),
+        h_desc=_desc(h.view(NT * HV * K, V), [K, V]),
+        dh_desc=_desc(dh.view(NT * HV * K, V), [K, V]),
+        a_desc=_desc(A_inv.view(T, HV * BT), [BT, BT]),
+    )
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_grads_bwd_gluon_kernel,))
+def chunk_grads_bwd_gluon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_new: torch.Tensor,
+    h: torch.Tensor,
+    dh: torch.Tensor,
+    do: torch.Tensor,
+    du: torch.Tensor,
+    G: torch.Tensor,
+    beta: torch.Tensor,
+    A_inv: torch.Tensor,
+    scale: float,
+    index: ChunkIndex,
+    group: int,
+    g_dtype: torch.dtype,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every chunk-local gradient after the state backward, in one Gluon launch (opt-in).
+
+    The contract of :func:`gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd`: ``q, k:
+    [T,H,128]``; ``v, v_new, do, du (= dV'): [T,HV,128]``; ``h, dh: [NT,HV,128,128]``;
+    ``G, beta: [T,HV]`` (``G`` fp32; another float dtype is cast); ``A_inv: [T,HV,64]``
+    (:func:`~gdn_core.ops.wy.inverse_for_backward`'s 16-bit copy). ``q, k, v, v_new, h,
+    dh, do, du, A_inv`` in one 16-bit dtype. ``dq``/``dk``: result buffers ``[T,HV,K]``
+    contiguous, fp32 per value head partials (the default) or, with ``group == 1``, the
+    final gradients in any float dtype.
+
+    Returns ``(dq, dk, dv [T,HV,V] in v's dtype, dbeta [T,HV] in beta's dtype,
+    dg [T,HV] in g_dtype)``.
+
+    Raises:
+        ValueError: shapes that do not match, K or V not 128, chunks not of 64, the tiled
+            tensors not of one 16-bit dtype, a ``dq``/``dk`` buffer of another shape or
+            not contiguous, or more rows than TMA's int32 coordinates address.
+        RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
+    """
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    NT = index.num_chunks
+    C = index.chunk_size
+    if (
+        tuple(k.shape) != (T, H, K)
+        or HV != H * group
+        or any(tuple(x.shape) != (T, HV, V) for x in (v_new, do, du))
+        or any(tuple(x.shape) != (NT, HV, K, V) for x in (h, dh))
+        or tuple(G.shape) != (T, HV)
+        or tuple(beta.shape) != (T, HV)
+        or tuple(A_inv.shape) != (T, HV, C)
+        or T != index.total_tokens
+    ):
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+            f"v_new {tuple(v_new.shape)}, do {tuple(do.shape)}, du {tuple(du.shape)}, "
+            f"h {tuple(h.shape)}, dh {tuple(dh.shape)}, G {tuple(G.shape)}, "
+            f"beta {tuple(beta.shape)}, A_inv {tuple(A_inv.shape)}, group {group}, "
+            f"chunks {NT}")
+    if (K, V) != (_K, _V) or C != _BT:
+        raise ValueError(f"the Gluon chunk-gradient kernel serves K = V = {_K} and chunks of "
+                         f"{_BT}, got K={K}, V={V}, chunk size {C}")
+    tiled = (q, k, v, v_new, h, dh, do, du, A_inv)
+    if q.dtype not in (torch.bfloat16, torch.float16) or any(x.dtype != q.dtype for x in tiled):
+        raise ValueError("the Gluon chunk-gradient kernel takes q, k, v, v_new, h, dh, do, du, "
+                         "A_inv in one 16-bit dtype, got "
+                         + ", ".join(str(x.dtype) for x in tiled))
+    if max(T, NT * HV * K) >= 2**31:
+        raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
+    bufs = []
+    for name, buf in (("dq", dq), ("dk", dk)):
+        if buf is None:
+            buf = torch.empty(T, HV, K, dtype=torch.float32, device=q.device)
+        elif tuple(buf.shape) != (T, HV, K) or not buf.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {(T, HV, K)} tensor, got "
+                             f"{tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
+        bufs.append(buf)
+    _require_gluon_sm90(q.device)
+    dq, dk = bufs
+    dev = q.device
+    dv = torch.empty(T, HV, V, dtype=v.dtype, device=dev)
+    dbeta = torch.empty(T, HV, dtype=beta.dtype, device=dev)
+    dg = torch.empty(T, HV, dtype=g_dtype, device=dev)
+    if NT == 0 or HV == 0 or T == 0:
+        return dq, dk, dv, dbeta, dg
+    tiled = [_aligned(x) for x in tiled]
+    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
+    beta = beta.contiguous()
+    descs = _descriptors(*tiled)
+    _chunk_grads_bwd_gluon_kernel[(NT, HV)](
+        *descs.values(), G, beta, dq, dk, dv, dbeta, dg, index.chunk_start, index.chunk_len,
+        float(scale), HV, GROUP=group, K=K, V=V, BT=_BT, num_warps=GLUON_CHUNK_GRADS_WARPS,
+    )
+    return dq, dk, dv, dbeta, dg

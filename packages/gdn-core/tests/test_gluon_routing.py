@@ -1,0 +1,81 @@
+"""GDN_CORE_GLUON: which stages ask for their Gluon kernel, and that the pipeline keeps
+the Triton kernel wherever the Gluon one does not serve (here: no GPU, or other shapes),
+with the same bits as without the switch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops import gluon
+from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
+from gdn_core.ops.output import chunk_output_fwd
+
+
+@pytest.mark.parametrize("value, output, grads", [
+    ("", False, False), ("output", True, False), ("grads", False, True),
+    (" output , grads ", True, True), ("all", True, True),
+])
+def test_requested(monkeypatch, value, output, grads):
+    monkeypatch.setenv(gluon.GLUON_ENV, value)
+    assert gluon.requested("output") is output and gluon.requested("grads") is grads
+
+
+def test_unknown_stage_raises(monkeypatch):
+    monkeypatch.setenv(gluon.GLUON_ENV, "output,grad")
+    with pytest.raises(ValueError, match="unknown stage.*'grad'"):
+        gluon.requested("output")
+
+
+def test_cpu_and_other_shapes_keep_triton(monkeypatch):
+    monkeypatch.setenv(gluon.GLUON_ENV, "all")
+    index = ChunkIndex.build([0, 70], "cpu")
+    q = torch.zeros(70, 1, 128, dtype=torch.bfloat16)
+    v = torch.zeros(70, 1, 128, dtype=torch.bfloat16)
+    h = torch.zeros(index.num_chunks, 1, 128, 128, dtype=torch.bfloat16)
+    assert gluon.output_launcher(q, v, h, index) is chunk_output_fwd  # CPU tensors
+    A = torch.zeros(70, 1, 64, dtype=torch.bfloat16)
+    assert gluon.chunk_grads_launcher(q, v, A, index) is chunk_grads_bwd
+    if torch.cuda.is_available():  # on a GPU: K = 64 is not served by the Gluon kernels
+        q64 = q[..., :64].contiguous().cuda()
+        assert gluon.output_launcher(q64, v.cuda(), h.cuda(), index) is chunk_output_fwd
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gluon.available(), reason="needs an sm_90 GPU with Gluon")
+def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
+    """With ``GDN_CORE_GLUON=all`` a deterministic forward+backward (B1, 3 packed documents,
+    bf16, K = V = 128) launches both Gluon kernels, and every result stays within bf16
+    tolerance of the Triton pipeline's."""
+    from gdn_core.autograd import chunk_gdn_autograd
+    from gdn_core.ops.registry import record_launches
+
+    gen = torch.Generator().manual_seed(0)
+    T, H = 777, 2
+    cu = torch.tensor([0, 5, 300, T], dtype=torch.int32, device="cuda")
+    base = [torch.randn(1, T, H, 128, generator=gen), torch.randn(1, T, H, 128, generator=gen),
+            torch.randn(1, T, H, 128, generator=gen),
+            torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen)),
+            torch.rand(1, T, H, generator=gen)]
+    base = [x.cuda().to(torch.bfloat16 if i in (0, 1, 2, 4) else torch.float32)
+            for i, x in enumerate(base)]
+    do = torch.randn(1, T, H, 128, generator=gen).cuda().bfloat16()
+
+    def run():
+        leaves = [x.clone().requires_grad_(True) for x in base]
+        with record_launches() as launches, torch.autograd.set_multithreading_enabled(False):
+            o, _ = chunk_gdn_autograd(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                      deterministic=True)
+            o.backward(do)
+        names = {launch.name.rsplit(".", 1)[-1] for launch in launches}
+        return names, [o.detach()] + [x.grad for x in leaves]
+
+    monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    names, want = run()
+    assert not {"chunk_output_fwd_gluon", "chunk_grads_bwd_gluon"} & names
+    monkeypatch.setenv(gluon.GLUON_ENV, "all")
+    names, got = run()
+    assert {"chunk_output_fwd_gluon", "chunk_grads_bwd_gluon"} <= names
+    for a, b in zip(got, want):
+        rel = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+        assert rel.item() < 2e-2, rel.item()
