@@ -118,6 +118,7 @@ def gluon_reports() -> None:
     descriptors over ``[T, H·K]`` / ``[T, HV·V]`` / ``[NT·HV·K, V]``."""
     import torch
     from gdn_core.ops.gluon import output as go
+    from gdn_core.ops.gluon.tma import descriptor
 
     T, NT, K = 1024, 16, 128
     for H, HV in ((16, 16), (8, 16)):
@@ -125,8 +126,8 @@ def gluon_reports() -> None:
         v = torch.zeros(T, HV * K, dtype=torch.bfloat16)
         h = torch.zeros(NT * HV * K, K, dtype=torch.bfloat16)
         i32 = torch.zeros(NT, dtype=torch.int32)
-        args = dict(q_desc=go._desc(q, [64, K]), k_desc=go._desc(q, [64, K]),
-                    v_desc=go._desc(v, [64, K]), h_desc=go._desc(h, [K, K]),
+        args = dict(q_desc=descriptor(q, [64, K]), k_desc=descriptor(q, [64, K]),
+                    v_desc=descriptor(v, [64, K]), h_desc=descriptor(h, [K, K]),
                     G=torch.zeros(T, HV), o=v, chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
         for warps in (go.GLUON_OUTPUT_WARPS, 8):  # the pinned one warpgroup; two (not launched)
             print(f"H={H} HV={HV}")

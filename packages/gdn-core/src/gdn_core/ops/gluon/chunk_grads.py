@@ -101,6 +101,7 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_CHUNK_GRADS_WARPS", "chunk_grads_bwd_gluon", "gluon_chunk_grads_supported"]
@@ -115,7 +116,6 @@ try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _GLUON_ERROR: Exception | None = None
 except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
@@ -425,35 +425,21 @@ def _require_gluon_sm90(device: torch.device) -> None:
                            f"{device} is sm_{cap[0]}{cap[1]}")
 
 
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """``x`` contiguous with a 16-byte aligned base (TMA needs it)."""
-    x = x.contiguous()
-    return x if x.data_ptr() % 16 == 0 else x.clone()
-
-
-def _desc(x2d: torch.Tensor, block: list[int]):
-    dt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for(block, dt)
-    return TensorDescriptor.from_tensor(x2d, block, layout)
-
-
 def _descriptors(q, k, v, v_new, h, dh, do, du, A_inv) -> dict:
     """TMA descriptors over the 2-D views the kernel tiles (CPU tensors suffice to build
     them, for :mod:`tools.sm90_report`)."""
-    T, H, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    NT = h.shape[0]
+    K, V = q.shape[-1], v.shape[-1]
     BT = A_inv.shape[-1]
     return dict(
-        q_desc=_desc(q.view(T, H * K), [BT, K]),
-        k_desc=_desc(k.view(T, H * K), [BT, K]),
-        v_desc=_desc(v.view(T, HV * V), [BT, V]),
-        vn_desc=_desc(v_new.view(T, HV * V), [BT, V]),
-        do_desc=_desc(do.view(T, HV * V), [BT, V]),
-        du_desc=_desc(du.view(T, HV * V), [BT, V]),
-        h_desc=_desc(h.view(NT * HV * K, V), [K, V]),
-        dh_desc=_desc(dh.view(NT * HV * K, V), [K, V]),
-        a_desc=_desc(A_inv.view(T, HV * BT), [BT, BT]),
+        q_desc=descriptor(rows_view(q), [BT, K]),
+        k_desc=descriptor(rows_view(k), [BT, K]),
+        v_desc=descriptor(rows_view(v), [BT, V]),
+        vn_desc=descriptor(rows_view(v_new), [BT, V]),
+        do_desc=descriptor(rows_view(do), [BT, V]),
+        du_desc=descriptor(rows_view(du), [BT, V]),
+        h_desc=descriptor(rows_view(h.flatten(0, 2)), [K, V]),
+        dh_desc=descriptor(rows_view(dh.flatten(0, 2)), [K, V]),
+        a_desc=descriptor(rows_view(A_inv), [BT, BT]),
     )
 
 
@@ -542,7 +528,6 @@ def chunk_grads_bwd_gluon(
     dg = torch.empty(T, HV, dtype=g_dtype, device=dev)
     if NT == 0 or HV == 0 or T == 0:
         return dq, dk, dv, dbeta, dg
-    tiled = [_aligned(x) for x in tiled]
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     beta = beta.contiguous()
     descs = _descriptors(*tiled)

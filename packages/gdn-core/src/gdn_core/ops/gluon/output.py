@@ -74,6 +74,7 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_OUTPUT_WARPS", "chunk_output_fwd_gluon", "gluon_output_supported"]
@@ -88,7 +89,6 @@ try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _GLUON_ERROR: Exception | None = None
 except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
@@ -229,18 +229,6 @@ def _require_gluon_sm90(device: torch.device) -> None:
                            f"is sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}")
 
 
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """``x`` contiguous with a 16-byte aligned base (TMA needs it)."""
-    x = x.contiguous()
-    return x if x.data_ptr() % 16 == 0 else x.clone()
-
-
-def _desc(x2d: torch.Tensor, block: list[int]):
-    dt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for(block, dt)
-    return TensorDescriptor.from_tensor(x2d, block, layout)
-
-
 @launcher(uses_atomics=False, kernels=(_chunk_output_fwd_gluon_kernel,))
 def chunk_output_fwd_gluon(
     q: torch.Tensor,
@@ -300,12 +288,11 @@ def chunk_output_fwd_gluon(
     o = torch.empty(T, HV, V, dtype=q.dtype, device=q.device)
     if NT == 0 or HV == 0 or T == 0:
         return o
-    q, k, v_new, h = (_aligned(x) for x in (q, k, v_new, h))
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
-    q_desc = _desc(q.view(T, H * K), [_BT, K])
-    k_desc = _desc(k.view(T, H * K), [_BT, K])
-    v_desc = _desc(v_new.view(T, HV * V), [_BT, V])
-    h_desc = _desc(h.view(NT * HV * K, V), [K, V])
+    q_desc = descriptor(rows_view(q), [_BT, K])
+    k_desc = descriptor(rows_view(k), [_BT, K])
+    v_desc = descriptor(rows_view(v_new), [_BT, V])
+    h_desc = descriptor(rows_view(h.flatten(0, 2)), [K, V])
     _chunk_output_fwd_gluon_kernel[(NT, HV)](
         q_desc, k_desc, v_desc, h_desc, G, o, index.chunk_start, index.chunk_len, float(scale), HV,
         GROUP=group, K=K, V=V, BT=_BT, num_warps=GLUON_OUTPUT_WARPS,

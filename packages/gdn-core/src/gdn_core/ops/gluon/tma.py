@@ -1,0 +1,64 @@
+"""Host side of the Gluon kernels' TMA loads: 2-D tile views and their descriptors.
+
+Every Gluon kernel here reads its tiles through host-built TMA descriptors over a 2-D
+view of a token-major tensor (``[T, heads * D]``, or ``[chunks * heads * K, V]`` for the
+chunk states). Building them is per-call host work on the launch path, so this module
+keeps it small: the shared-memory layouts are computed once per (block, dtype), and a
+strided view of a packed projection (``q``, ``k``, ``v`` cut from one ``[T, ·]`` buffer)
+is described at its own strides instead of being copied.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must not fail
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+except Exception:  # noqa: BLE001 - the kernels' modules report Gluon's absence themselves
+    gl = None
+    TensorDescriptor = None
+
+__all__ = ["descriptor", "rows_view"]
+
+_TMA_ALIGN = 16  # bytes: TMA's base-address and stride granularity
+
+
+def rows_view(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (``[R, *inner]``) as a 2-D ``[R, prod(inner)]`` view TMA can address.
+
+    A view whose inner dims are dense (each stride the product of the sizes after it,
+    the last 1) keeps its row stride, so a head-split view of a packed projection is not
+    copied; a row stride or base address that is not a multiple of 16 bytes, or inner
+    dims that are not dense, give a contiguous copy (still 16-byte aligned: a fresh
+    allocation is).
+    """
+    rows, inner = x.shape[0], x.shape[1:]
+    width, dense = 1, True
+    for size, stride in zip(reversed(inner), reversed(x.stride()[1:]), strict=True):
+        dense = dense and (size == 1 or stride == width)
+        width *= size
+    esz = x.element_size()
+    row_stride = x.stride(0) if rows > 1 else width
+    if (not dense or x.data_ptr() % _TMA_ALIGN or (row_stride * esz) % _TMA_ALIGN
+            or row_stride < width):
+        x = x.contiguous()
+        if x.data_ptr() % _TMA_ALIGN:
+            x = x.clone()
+        row_stride = width
+    return x.as_strided((rows, width), (row_stride, 1))
+
+
+@functools.cache
+def _shared_layout(block: tuple[int, ...], dtype: torch.dtype):
+    dt = gl.bfloat16 if dtype == torch.bfloat16 else gl.float16
+    return gl.NVMMASharedLayout.get_default_for(list(block), dt)
+
+
+def descriptor(x2d: torch.Tensor, block: list[int]):
+    """A TMA descriptor over the 2-D 16-bit tensor ``x2d`` (see :func:`rows_view`) for
+    tiles of ``block``, in the NVMMA shared-memory layout a ``warpgroup_mma`` reads.
+    CPU tensors suffice (``tools/sm90_report.py`` builds them to compile)."""
+    return TensorDescriptor.from_tensor(x2d, block, _shared_layout(tuple(block), x2d.dtype))
