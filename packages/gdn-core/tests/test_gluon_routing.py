@@ -33,12 +33,13 @@ def test_cpu_and_other_shapes_keep_triton(monkeypatch):
     q = torch.zeros(70, 1, 128, dtype=torch.bfloat16)
     v = torch.zeros(70, 1, 128, dtype=torch.bfloat16)
     h = torch.zeros(index.num_chunks, 1, 128, 128, dtype=torch.bfloat16)
-    assert gluon.output_launcher(q, v, h, index) is chunk_output_fwd  # CPU tensors
+    assert gluon.pick("output", chunk_output_fwd, q, v, h, index) is chunk_output_fwd  # CPU tensors
     A = torch.zeros(70, 1, 64, dtype=torch.bfloat16)
-    assert gluon.chunk_grads_launcher(q, v, A, index) is chunk_grads_bwd
+    assert gluon.pick("grads", chunk_grads_bwd, q, v, A, index) is chunk_grads_bwd
     if torch.cuda.is_available():  # on a GPU: K = 64 is not served by the Gluon kernels
         q64 = q[..., :64].contiguous().cuda()
-        assert gluon.output_launcher(q64, v.cuda(), h.cuda(), index) is chunk_output_fwd
+        assert gluon.pick("output", chunk_output_fwd, q64, v.cuda(), h.cuda(),
+                          index) is chunk_output_fwd
 
 
 @pytest.mark.gpu

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from gdn_core.ops.gluon.tma import descriptor, rows_view
 
 

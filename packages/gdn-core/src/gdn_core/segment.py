@@ -620,15 +620,16 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
     if st.backend == "reference":  # the CPU path
         o, fin, saved = reference_phases.forward(st, init, output_final_state)
     else:
+        from gdn_core.ops import gluon
         from gdn_core.ops.chunk_state import chunk_state_fwd
-        from gdn_core.ops.gluon import output_launcher
+        from gdn_core.ops.output import chunk_output_fwd
 
         h, v_new, fin = chunk_state_fwd(
             st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
             output_final_state=output_final_state, store_states=True,
         )
         st.W = st.U = None  # spent before the output kernel allocates o
-        output = output_launcher(st.q_used, v_new, h, st.index)  # Triton, or Gluon if asked
+        output = gluon.pick("output", chunk_output_fwd, st.q_used, v_new, h, st.index)
         o = output(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
         o = o.reshape(s.B, s.T, s.HV, s.V)
         saved = GDNSaved(

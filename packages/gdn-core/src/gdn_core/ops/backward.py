@@ -35,9 +35,10 @@ from typing import Any
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops import gluon
+from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
 from gdn_core.ops.dv_local import dv_local_bwd
-from gdn_core.ops.gluon import chunk_grads_launcher
 from gdn_core.ops.group_reduce import group_reduce
 from gdn_core.ops.tiles import unit_last
 from gdn_core.typed import TypedWorkspace, mode_name, require_instance
@@ -378,7 +379,7 @@ def backward_from_recompute(
                           for x in (q, k))
     else:
         dq_out, dk_out = ws["dq_part"], ws["dk_part"]
-    grads = chunk_grads_launcher(q, v, A_inv, index)  # Triton, or Gluon if asked
+    grads = gluon.pick("grads", chunk_grads_bwd, q, v, A_inv, index)
     dq_part, dk_part, dv, dbeta, dg = grads(
         q, k, v, rec.v_new, rec.h, dh, do, dvp, G, beta, A_inv, scale, index, group, g_dtype,
         dq=dq_out, dk=dk_out,

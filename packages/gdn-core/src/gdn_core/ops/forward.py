@@ -13,10 +13,11 @@ from dataclasses import dataclass
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops import gluon
 from gdn_core.ops.chunk_state import chunk_state_fwd
 from gdn_core.ops.cumsum import chunk_cumsum_fwd
-from gdn_core.ops.gluon import output_launcher
 from gdn_core.ops.l2norm import l2norm_fwd
+from gdn_core.ops.output import chunk_output_fwd
 from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
 __all__ = ["ForwardTensors", "gdn_forward_triton"]
@@ -94,6 +95,6 @@ def gdn_forward_triton(
         output_final_state=output_final_state, store_states=True,
     )
     del W, U  # spent before the output kernel allocates o (a lower forward peak)
-    output = output_launcher(q_used, v_new, h, index)  # Triton, or Gluon if asked
+    output = gluon.pick("output", chunk_output_fwd, q_used, v_new, h, index)
     o = output(q_used, k_used, v_new, h, G, scale, index, group)
     return ForwardTensors(o, final, G, q_used, k_used, q_rstd, k_rstd, A_inv)
