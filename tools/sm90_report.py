@@ -166,8 +166,9 @@ def gluon_grads_reports() -> None:
 def gluon_state_bwd_reports() -> None:
     """The Gluon reverse state recurrence (:mod:`gdn_core.ops.gluon.chunk_state_bwd`) as its
     launcher builds it (bf16, K = V = 128, chunks of 64, ``dht`` fp32, ``store=True``; H = HV
-    = 16 and H = 8, HV = 16; ``BV`` 128 on 8 warps, the launcher's, and 64 on 4 warps, each at
-    2 and 3 ring stages where they fit), then the Triton ``_chunk_state_bwd_kernel`` at its
+    = 16 and H = 8, HV = 16; ``BV`` 128 on 8 warps, the launcher's, and 64 on 4 warps at 2
+    and 3 ring stages; then ``store=False`` with ``need``, the segment path's first pass),
+    then the Triton ``_chunk_state_bwd_kernel`` at its
     pinned configuration (:func:`gdn_core.ops.chunk_state_bwd.chunk_state_bwd_config`)."""
     import torch
     from gdn_core.ops.chunk_state_bwd import _chunk_state_bwd_kernel, chunk_state_bwd_config
@@ -189,6 +190,14 @@ def gluon_state_bwd_reports() -> None:
             report_gluon(gs._chunk_state_bwd_gluon_kernel, args,
                          dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=stages, USE_DHT=True,
                               HAS_NEED=False, STORE=True), num_warps=bv // 16)
+        print(f"H={H} HV={HV} BV={gs.GLUON_STATE_BWD_BV} store=False, need (the segment path)")
+        bv = gs.GLUON_STATE_BWD_BV
+        args = dict(gs._descriptors(q, q, w, w, w, w, dh, bv), G=torch.zeros(T, HV), dht=st,
+                    dv=st, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32, need=i32,
+                    scale=0.5, HV=HV)
+        report_gluon(gs._chunk_state_bwd_gluon_kernel, args,
+                     dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=gs.GLUON_STATE_BWD_STAGES,
+                          USE_DHT=True, HAS_NEED=True, STORE=False), num_warps=bv // 16)
         cfg = chunk_state_bwd_config(K, K)
         print(f"H={H} HV={HV} Triton _chunk_state_bwd_kernel BV={cfg['BV']}")
         # q k W G do dv_local dht dh dv dh0 doc_offsets doc_chunk_offsets need scale

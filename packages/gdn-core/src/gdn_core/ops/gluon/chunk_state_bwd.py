@@ -62,7 +62,25 @@ Determinism: no atomics, each output tile owned by one CTA, fixed reduction orde
 
 Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_state_bwd``;
-bf16, H = HV = 16 and H = 8, HV = 16): see :data:`SM90_FIGURES`.
+bf16, ``dht`` fp32, ``store=True``; H = HV = 16 and H = 8, HV = 16 alike)::
+
+    BV=128, 8 warps, 2 stages (the launcher's): 255 registers, 0 spills, 213,008 B shared,
+                                                2,920 / 2,928 SASS instructions (H=16 / 8)
+    BV=64,  4 warps, 2 stages:                  255 registers, 0 spills, 155,664 B shared,
+                                                3,128 SASS instructions
+    BV=64,  4 warps, 3 stages:                  255 registers, 12 B spills, 221,208 B shared
+    BV=128, store=False + need (segment path):  255 registers, 0 spills, 163,856 B shared
+
+against the Triton ``_chunk_state_bwd_kernel`` at its pinned configuration (BV=32, 4 warps,
+3 stages): 151 registers, 0 spills, 177,160 B shared, 1,816 SASS instructions. Per chunk a
+warpgroup issues 8 ``m64n64k16`` (Xᵀ) and 2 × 4 ``m64n128k16`` (the Q and W terms) wgmma,
+five TMA loads and (``store=True``) two TMA stores; the transposed shared-memory reads and
+writes are ``ldmatrix.trans`` / ``stmatrix.trans``. One CTA per SM (213 KB).
+
+What only the GPU can tell: whether two stages (one chunk of prefetch) hide the TMA
+latency at one CTA per SM (``BV=64`` at three stages is the alternative the probe
+times); the cost of the two CTA barriers a chunk (the staging tiles' TMA stores and
+the stage release); the uncoalesced register stores of a short chunk's ``dV'``.
 """
 
 from __future__ import annotations
@@ -107,9 +125,6 @@ GLUON_STATE_BWD_BV = 128
 #: Shared-memory stages of the TMA ring (chunks in flight ahead of the math).
 GLUON_STATE_BWD_STAGES = 2
 _BT, _K, _V = 64, 128, 128
-
-#: sm_90a figures of ``tools/sm90_report.py gluon_state_bwd`` (filled from the report).
-SM90_FIGURES = ""
 
 
 @gluon.jit
@@ -220,7 +235,7 @@ def _chunk_state_bwd_gluon_kernel(
             gl.thread_barrier()
     t0 = bos + (n_chunks - 1) * BT
     p_g = G + (t0.to(gl.int64) * HV + i_hv)
-    g = gl.load(p_g + tok * HV, mask=tok < L0, other=0.0)
+    g = gl.load(p_g + tok * HV, mask=(tok < L0) & (n_chunks > 0), other=0.0)
     g_last = gl.load(p_g + (L0 - 1) * HV, mask=n_chunks > 0, other=0.0)
     dot = do_s.index(0).permute((1, 0)).load(L64).to(gl.float32)
     dos = gl.convert_layout((dot * gl.where(tok < L0, gl.exp(g) * scale, 0.0)[None, :]).to(dtype),
