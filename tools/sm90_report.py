@@ -15,7 +15,9 @@ K=V=128, the pinned configuration, one value head per q/k head);
 ``... tools/sm90_report.py gluon`` the Gluon chunk-output kernel (needs Triton 3.6's
 Gluon; bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py gluon_grads`` the Gluon
 chunk-gradient kernel (bf16, K=V=128, group 1 with bf16 ``dq``/``dk`` and group 2 with
-fp32 partials, 8 warps and 4); from Python,
+fp32 partials, 8 warps and 4); ``... tools/sm90_report.py gluon_state_bwd`` the Gluon
+reverse state recurrence (bf16, K=V=128, group 1 and 2, BV 128 / 8 warps and 64 / 4 warps)
+next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
@@ -162,6 +164,52 @@ def gluon_grads_reports() -> None:
                          dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
 
 
+def gluon_state_bwd_reports() -> None:
+    """The Gluon reverse state recurrence (:mod:`gdn_core.ops.gluon.chunk_state_bwd`) as its
+    launcher builds it (bf16, K = V = 128, chunks of 64, ``dht`` fp32, ``store=True``; H = HV
+    = 16 and H = 8, HV = 16; ``BV`` 128 on 8 warps, the launcher's, and 64 on 4 warps at 2
+    and 3 ring stages; then ``store=False`` with ``need``, the segment path's first pass),
+    then the Triton ``_chunk_state_bwd_kernel`` at its
+    pinned configuration (:func:`gdn_core.ops.chunk_state_bwd.chunk_state_bwd_config`)."""
+    import torch
+    from gdn_core.ops.chunk_state_bwd import _chunk_state_bwd_kernel, chunk_state_bwd_config
+    from gdn_core.ops.gluon import chunk_state_bwd as gs
+
+    T, NT, N, K = 1024, 16, 2, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        w = torch.zeros(T, HV, K, dtype=bf)
+        dh = torch.zeros(NT, HV, K, K, dtype=bf)
+        i32 = torch.zeros(N + 1, dtype=torch.int32)
+        st = torch.zeros(N, HV, K, K)
+        for bv, stages in ((gs.GLUON_STATE_BWD_BV, gs.GLUON_STATE_BWD_STAGES), (64, 2), (64, 3)):
+            args = dict(gs._descriptors(q, q, w, w, w, w, dh, bv), G=torch.zeros(T, HV), dht=st,
+                        dv=w, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32, need=i32,
+                        scale=0.5, HV=HV)
+            print(f"H={H} HV={HV} BV={bv} STAGES={stages}")
+            report_gluon(gs._chunk_state_bwd_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=stages, USE_DHT=True,
+                              HAS_NEED=False, STORE=True), num_warps=bv // 16)
+        print(f"H={H} HV={HV} BV={gs.GLUON_STATE_BWD_BV} store=False, need (the segment path)")
+        bv = gs.GLUON_STATE_BWD_BV
+        args = dict(gs._descriptors(q, q, w, w, w, w, dh, bv), G=torch.zeros(T, HV), dht=st,
+                    dv=st, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32, need=i32,
+                    scale=0.5, HV=HV)
+        report_gluon(gs._chunk_state_bwd_gluon_kernel, args,
+                     dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=gs.GLUON_STATE_BWD_STAGES,
+                          USE_DHT=True, HAS_NEED=True, STORE=False), num_warps=bv // 16)
+        cfg = chunk_state_bwd_config(K, K)
+        print(f"H={H} HV={HV} Triton _chunk_state_bwd_kernel BV={cfg['BV']}")
+        # q k W G do dv_local dht dh dv dh0 doc_offsets doc_chunk_offsets need scale
+        report(_chunk_state_bwd_kernel, ["*bf16"] * 3 + ["*fp32", "*bf16", "*bf16", "*fp32",
+                                                          "*bf16", "*bf16", "*fp32", "*i32",
+                                                          "*i32", "*i32", "fp32"],
+               dict(H=H, HV=HV, K=K, V=K, GROUP=HV // H, BT=64, BK=cfg["BK"], BV=cfg["BV"],
+                    USE_DHT=True, HAS_NEED=False, STORE=True, DOT_PREC="tf32"),
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
 def conv_reports() -> None:
     """The conv1d kernels as :func:`gdn_core.ops.conv1d.conv1d_fwd` and
     :func:`gdn_core.ops.conv1d_bwd.conv1d_bwd` launch them (bf16, W = 4, SiLU, no bias)."""
@@ -221,7 +269,7 @@ if __name__ == "__main__":
     import sys
 
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
-             "gluon_grads": gluon_grads_reports}
+             "gluon_grads": gluon_grads_reports, "gluon_state_bwd": gluon_state_bwd_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)
