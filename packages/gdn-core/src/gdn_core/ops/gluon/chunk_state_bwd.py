@@ -88,6 +88,7 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
 __all__ = [
@@ -107,7 +108,6 @@ try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _GLUON_ERROR: Exception | None = None
 except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
@@ -327,32 +327,19 @@ def _require_gluon_sm90(device: torch.device) -> None:
                            f"device {device} is sm_{cap[0]}{cap[1]}")
 
 
-def _aligned(x: torch.Tensor) -> torch.Tensor:
-    """``x`` contiguous with a 16-byte aligned base (TMA needs it)."""
-    x = x.contiguous()
-    return x if x.data_ptr() % 16 == 0 else x.clone()
-
-
-def _desc(x2d: torch.Tensor, block: list[int]):
-    dt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for(block, dt)
-    return TensorDescriptor.from_tensor(x2d, block, layout)
-
-
 def _descriptors(q, k, W, do, dv_local, dv, dh, BV: int) -> dict:
     """TMA descriptors over the 2-D views the kernel tiles (CPU tensors suffice to build
     them, for :mod:`tools.sm90_report`). ``dh: [NT, HV, K, V]`` (or any 16-bit tensor of
     ``K·V`` elements a row group when nothing is stored)."""
-    T, H, K = q.shape
-    HV, V = do.shape[1], do.shape[2]
+    K, V = q.shape[-1], do.shape[-1]
     return dict(
-        q_desc=_desc(q.view(T, H * K), [_BT, K]),
-        k_desc=_desc(k.view(T, H * K), [_BT, K]),
-        w_desc=_desc(W.view(T, HV * K), [_BT, K]),
-        do_desc=_desc(do.view(T, HV * V), [_BT, BV]),
-        dvl_desc=_desc(dv_local.view(T, HV * V), [_BT, BV]),
-        dv_desc=_desc(dv.view(T, HV * V), [_BT, BV]),
-        dh_desc=_desc(dh.reshape(-1, V), [K, BV]),
+        q_desc=descriptor(rows_view(q), [_BT, K]),
+        k_desc=descriptor(rows_view(k), [_BT, K]),
+        w_desc=descriptor(rows_view(W), [_BT, K]),
+        do_desc=descriptor(rows_view(do), [_BT, BV]),
+        dvl_desc=descriptor(rows_view(dv_local), [_BT, BV]),
+        dv_desc=descriptor(rows_view(dv), [_BT, BV]),
+        dh_desc=descriptor(rows_view(dh.reshape(-1, V)), [K, BV]),
     )
 
 
@@ -450,10 +437,8 @@ def chunk_state_bwd_gluon(
         return dh, dv, dh0
     if dht is not None:
         dht = dht.contiguous()
-    # dv_local is read in place when dv is dv_local (the aliasing the contract allows)
-    dv_local = dv_local if (dv is not None and dv_local.data_ptr() == dv.data_ptr()) \
-        else _aligned(dv_local)
-    q, k, W, do = (_aligned(x) for x in (q, k, W, do))
+    # dv_local is read in place when dv is dv_local (the aliasing the contract allows):
+    # rows_view describes a contiguous buffer where it lies
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     if T == 0:  # every document is empty: dh0 = dht (or 0), nothing to tile
         want = slice(None) if need is None else need.to(dev) != 0
