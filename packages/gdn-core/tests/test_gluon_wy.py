@@ -125,8 +125,8 @@ def _emulate(k, v, beta, G, index, group):
             for i in range(4):
                 X[16 * i:16 * i + 16, 16 * i:16 * i + 16] = xt[i].T
             for p in (0, 32):
-                X[p + 16:p + 32, p:p + 16] = -(X[p + 16:p + 32, p + 16:p + 32]
-                                               @ (A[p + 16:p + 32, p:p + 16] @ X[p:p + 16, p:p + 16]))
+                lo, hi = slice(p, p + 16), slice(p + 16, p + 32)
+                X[hi, lo] = -(X[hi, hi] @ (A[hi, lo] @ X[lo, lo]))
             X[32:, :32] = -(X[32:, 32:] @ (A[32:, :32] @ X[:32, :32]))
             A_out[bos:bos + n, hv] = X[:n]
             W[bos:bos + n, hv] = (X @ yk)[:n]
