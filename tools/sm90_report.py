@@ -17,7 +17,9 @@ Gluon; bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py gluon_grads`` t
 chunk-gradient kernel (bf16, K=V=128, group 1 with bf16 ``dq``/``dk`` and group 2 with
 fp32 partials, 8 warps and 4); ``... tools/sm90_report.py gluon_state_bwd`` the Gluon
 reverse state recurrence (bf16, K=V=128, group 1 and 2, BV 128 / 8 warps and 64 / 4 warps)
-next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration); from Python,
+next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration);
+``... tools/sm90_report.py gluon_wy`` the Gluon WY kernel (bf16, K=V=128, group 1 and 2,
+4 warps and 8) next to the Triton ``_wy_kernel`` (inverting); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
@@ -210,6 +212,46 @@ def gluon_state_bwd_reports() -> None:
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
+def gluon_wy_reports() -> None:
+    """The Gluon WY kernel (:mod:`gdn_core.ops.gluon.wy`) as its launcher builds it: bf16,
+    K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2), 4 warps
+    (the launcher's) and 8 (two warpgroups), TMA descriptors over ``[T, H·K]`` / ``[T,
+    HV·V]``; then the Triton ``_wy_kernel`` (inverting, the pinned configuration) beside it."""
+    import torch
+    from gdn_core.ops.gluon import wy as gw
+
+    T, NT, K = 1024, 16, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        k = torch.zeros(T, H, K, dtype=bf)
+        v = torch.zeros(T, HV, K, dtype=bf)
+        i32 = torch.zeros(NT, dtype=torch.int32)
+        args = dict(k_desc=gw._desc(gw._rows_2d(k), [64, K]),
+                    v_desc=gw._desc(gw._rows_2d(v), [64, K]),
+                    beta=torch.zeros(T, HV, dtype=bf), G=torch.zeros(T, HV),
+                    A_inv=torch.zeros(T, HV, 64), W=v, U=v, chunk_start=i32, chunk_len=i32,
+                    HV=HV)
+        for warps in (gw.GLUON_WY_WARPS, 8):
+            print(f"H={H} HV={HV}")
+            report_gluon(gw._wy_fwd_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=True), num_warps=warps)
+    _wy_triton_report(invert_modes=(True,))
+
+
+def _wy_triton_report(invert_modes=(True, False)) -> None:
+    """The Triton WY kernel, bf16, K = V = 128, group 1 (``INVERT``: wy_fwd; else wy_apply)."""
+    from gdn_core.ops.wy import _wy_kernel, wy_config
+
+    cfg = wy_config(128, 128)
+    types = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
+             "i32:16", "i32:16", "i32:16", "i32:16"]
+    for invert in invert_modes:  # wy_fwd, wy_apply
+        report(_wy_kernel, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"],
+                                   "BV": cfg["BV"], "PREC": "tf32",
+                                   "DOT16": bool(cfg["dot16"]), "INVERT": invert},
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
 def conv_reports() -> None:
     """The conv1d kernels as :func:`gdn_core.ops.conv1d.conv1d_fwd` and
     :func:`gdn_core.ops.conv1d_bwd.conv1d_bwd` launch them (bf16, W = 4, SiLU, no bias)."""
@@ -269,17 +311,9 @@ if __name__ == "__main__":
     import sys
 
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
-             "gluon_grads": gluon_grads_reports, "gluon_state_bwd": gluon_state_bwd_reports}
+             "gluon_grads": gluon_grads_reports, "gluon_state_bwd": gluon_state_bwd_reports,
+             "gluon_wy": gluon_wy_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)
-    from gdn_core.ops.wy import _wy_kernel, wy_config
-
-    cfg = wy_config(128, 128)
-    types = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
-             "i32:16", "i32:16"]
-    for invert in (True, False):  # wy_fwd, wy_apply
-        report(_wy_kernel, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"],
-                                   "BV": cfg["BV"], "PREC": "tf32",
-                                   "DOT16": bool(cfg["dot16"]), "INVERT": invert},
-               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _wy_triton_report()

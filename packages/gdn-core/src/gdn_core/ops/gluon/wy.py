@@ -1,0 +1,405 @@
+"""Stage 2, the WY representation, in Gluon for Hopper (sm_90a): opt-in, K = V = 128, 16-bit.
+
+Same math, arguments and results as :func:`gdn_core.ops.wy.wy_fwd` (a drop-in)::
+
+    A_ij  = β_i (k_i·k_j) exp(G_i − G_j)     i > j, i < n, else 0
+    A_inv = (I + A)^{-1}                       unit lower triangular, fp32
+    W     = A_inv · diag(β exp(G)) · K         [64, 128] in k's dtype
+    U     = A_inv · diag(β) · V                [64, 128] in v's dtype
+
+One CTA per (chunk, value head), one warpgroup (4 warps). Where the Triton kernel
+(:func:`gdn_core.ops.wy._wy_kernel`) keeps its working ``A`` / ``A_inv`` in the
+global ``A_inv`` slice and reads it back between CTA barriers, this kernel keeps
+every intermediate in shared memory and writes ``A_inv`` once, at the end.
+
+1. TMA loads of the chunk's K (``[64, 128]`` of the ``[T, H·K]`` view at ``(bos,
+   head·K)``) and V (``[64, 128]`` of the ``[T, HV·V]`` view: a strided ``v`` whose head
+   stride is ``V`` is read in place at its token stride) on two mbarriers, into
+   NVMMA (128-byte swizzle) tiles.
+2. ``K Kᵀ``: one ``warpgroup_mma`` (64×64, K = 128, Kᵀ a ``permute`` of K's tile),
+   fp32 accumulator; ``A = where(i > j ∧ i < n, kk · exp(G_i − G_j) · β_i, 0)`` (the
+   exponent masked before ``exp``), the Triton kernel's order, stored to an fp32 shared
+   tile. Then K's and V's tiles are overwritten in place with the W/U operands
+   ``diag(β e^G) K`` and ``diag(β) V`` (fp32 products rounded once to 16 bits, as the
+   Triton kernel's 16-bit dot rounds them; rows ≥ n set to 0 by a select, so a
+   non-finite row of the next document never reaches ``0 · NaN``).
+3. The inverse, in fp32 FMA arithmetic (no tensor cores, no TF32), the Triton
+   kernel's algorithm and order of products:
+
+   * the four 16×16 diagonal blocks ``X_b = (I + a_b)^{-1}`` by substitution on
+     their transposes, all four in one ``[4, 16, 16]`` register tile (block,
+     column ``m`` of ``X_b``, entry ``c``): step ``i`` (1..15) sets entry ``i`` of every
+     column to ``δ − Σ_c a_b[i, c] x[c]``, ``a_b``'s row ``i`` read from a shared
+     ``[4, 16, 16]`` copy of the diagonal blocks and broadcast over the columns. A
+     column lives in two threads (8 entries each): a sum is 8 in-thread FMAs and one
+     shuffle; 15 dependent steps;
+   * ``X_10 = −X_11 (A_10 X_00)``, ``X_32 = −X_33 (A_32 X_22)`` (16×16) and
+     ``X_BL = −X_BR (A_BL X_TL)`` (32×32), each a pair of ``gl.dot_fma`` with
+     operands loaded from the shared ``A`` and ``X`` tiles; the upper blocks of
+     ``X`` are zeros written at the start.
+4. ``A_inv`` stored from the shared ``X`` (rows < n, 16-byte stores), rounded to
+   16 bits into an NVMMA tile, and ``W = A_inv16 · Y_K``, ``U = A_inv16 · Y_V`` as
+   two asynchronous ``warpgroup_mma`` (64×128, K = 64, both operands in shared
+   memory), converted to a 16-byte-store layout and stored for rows < n.
+
+Rows ≥ n (the last chunk of a document): TMA reads whole 64-row tiles, so K's and
+V's rows ≥ n hold the next document's rows (zeros past ``T``). They reach only
+``kk``'s rows/columns ≥ n, which the mask of ``A`` selects away, and the W/U
+operands, where they are selected to 0. ``A``'s rows ≥ n are zero, so ``X``'s rows ≥ n
+are identity rows (the Triton kernel reads them as zero rows instead); a row
+``i < n`` of ``X`` depends on rows ``≤ i`` only, so the rows that are stored are the
+same either way. Nothing is stored past row ``n``; ``A_inv``'s columns ≥ n are exact
+zeros (upper triangle).
+
+Determinism: no atomics, every sum in a fixed order (one CTA owns each output
+tile; the substitution, the FMA dots and the wgmma K loops are fixed), so two calls
+give the same bits. Not bitwise equal to the Triton kernel (other reduction
+orders in the substitution and the FMA dots), and so :func:`gdn_core.ops.wy.wy_apply`
+from this kernel's ``A_inv`` gives W, U within rounding of, not equal to, this
+kernel's.
+
+Shared memory (69,904 B, so three CTAs per SM; 168 registers × 128 threads fit three
+too): K and V tiles (16 KiB each, reused for the W/U operands), ``A`` and ``X`` fp32
+(16 KiB each; ``A``'s tile takes the 16-bit ``A_inv`` once the merges are done, a
+``_reinterpret`` as an NVMMA tile: it sits at a 1024-byte aligned offset, 32,768, as the
+128-byte swizzle needs), the diagonal blocks (4 KiB: ``a_b``, then ``X_b``), barriers.
+
+Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
+(``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_wy``,
+bf16, group 1 and 2 alike)::
+
+    warps=4 (the launcher's): 168 registers, 0 spills, 69,904 B shared, 2,928 SASS
+    warps=8:                  163 registers, 0 spills, 69,904 B shared, 2,168 SASS
+                              (one CTA per SM by registers: for comparison only)
+
+against the Triton ``_wy_kernel`` (inverting, 8 warps): 100 registers, 0 spills,
+16,384 B shared, 1,776 SASS instructions. The PTX has 16 ``wgmma.mma_async`` (K Kᵀ
+and the two A_inv products), 745 ``fma.rn.f32``, 37 ``bar.sync``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.registry import launcher
+
+__all__ = ["GLUON_WY_WARPS", "gluon_wy_supported", "wy_fwd_gluon"]
+
+try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must not fail
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    _GLUON_ERROR: Exception | None = None
+except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
+    _GLUON_ERROR = exc
+
+    class _NoGluon:
+        @staticmethod
+        def jit(fn):
+            return fn
+
+    gluon = _NoGluon()
+
+#: Warps of the kernel (one warpgroup; 8 = two warpgroups splitting the wgmma columns,
+#: the inverse replicated in both).
+GLUON_WY_WARPS = 4
+_BT, _K, _V = 64, 128, 128
+
+
+@gluon.jit
+def _fma_pair(a_l, b_l, x2_s, z, op_a: gl.constexpr, op_b: gl.constexpr):
+    """``−X2 (A X)``: ``a_l``/``b_l`` the shared ``A``/``X`` sub-tiles of the inner
+    product, ``x2_s`` the outer ``X``; fp32 FMA dots (``z``: a zero accumulator)."""
+    t = gl.dot_fma(a_l.load(op_a), b_l.load(op_b), z)
+    return -gl.dot_fma(x2_s.load(op_a), gl.convert_layout(t, op_b), z)
+
+
+@gluon.jit
+def _wy_fwd_gluon_kernel(
+    k_desc,
+    v_desc,
+    beta,
+    G,
+    A_inv,
+    W,
+    U,
+    chunk_start,
+    chunk_len,
+    HV,
+    GROUP: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BT: gl.constexpr,
+    STORE_A: gl.constexpr,
+):
+    gl.static_assert(BT == 64)
+    gl.static_assert(K == V)
+    i_c = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_h = i_hv // GROUP
+    bos = gl.load(chunk_start + i_c)
+    n = gl.load(chunk_len + i_c)
+    dtype: gl.constexpr = k_desc.dtype
+    NW: gl.constexpr = gl.num_warps()
+    WG: gl.constexpr = NW // 4
+
+    # --- register layouts
+    L64: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, BT // WG, 16])
+    L128: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, V // WG, 16])
+    R64: gl.constexpr = gl.SliceLayout(1, L64)
+    C64: gl.constexpr = gl.SliceLayout(0, L64)
+    IO: gl.constexpr = gl.BlockedLayout(  # [64, 128] 16-bit: 16-byte accesses
+        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1], order=[1, 0])
+    IOF: gl.constexpr = gl.BlockedLayout(  # [64, 64] fp32: 16-byte accesses
+        size_per_thread=[1, 4], threads_per_warp=[2, 16], warps_per_cta=[NW, 1], order=[1, 0])
+    # substitution tile [block, column m, entry c]: a column in 2 threads of 8 entries
+    L3: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 1, 8], threads_per_warp=[1, 16, 2], warps_per_cta=[4, WG, 1],
+        order=[2, 1, 0])
+    # FMA dots: 16x16 and 32x32 fp32 accumulators
+    M16: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 2], threads_per_warp=[16, 2], warps_per_cta=[1, NW], order=[1, 0])
+    M32: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[2, 4], threads_per_warp=[16, 2], warps_per_cta=[1, NW], order=[1, 0])
+    A16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M16, k_width=0)
+    B16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M16, k_width=0)
+    A32: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M32, k_width=0)
+    B32: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M32, k_width=0)
+    FP2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    FP3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
+                                                order=[2, 1, 0])
+
+    # --- shared memory
+    k_s = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)  # K, then diag(βe^G) K
+    v_s = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)  # V, then diag(β) V
+    a_s = gl.allocate_shared_memory(gl.float32, [BT, BT], FP2)  # A, then A_inv in 16 bits
+    x_s = gl.allocate_shared_memory(gl.float32, [BT, BT], FP2)  # X = A_inv
+    # the diagonal blocks a_b, then X_b: [4, 16, 16] (2-D blocks through a [64, 16] view)
+    d_s = gl.allocate_shared_memory(gl.float32, [4, 16, 16], FP3)
+    xd_s = d_s
+    bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    mbarrier.expect(bars.index(0), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bars.index(0), k_s)
+    mbarrier.expect(bars.index(1), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bars.index(1), v_s)
+
+    # --- G, β of the chunk (rows >= n read 0) and X's zero upper blocks, while K flies
+    rows = gl.arange(0, BT, layout=R64)
+    cols = gl.arange(0, BT, layout=C64)
+    p_s = bos.to(gl.int64) * HV + i_hv
+    g_r = gl.load(G + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+    g_c = gl.load(G + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
+    b_r = gl.load(beta + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+    x_s.store(gl.zeros([BT, BT], gl.float32, IOF))
+
+    # --- A = strict-lower(β_i exp(G_i − G_j) k_i·k_j), rows < n
+    mbarrier.wait(bars.index(0), 0)
+    kk = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, L64),
+                       use_acc=False)
+    m = (rows[:, None] > cols[None, :]) & (rows[:, None] < n)
+    e = gl.exp(gl.where(m, g_r[:, None] - g_c[None, :], 0.0))
+    a_s.store(gl.where(m, kk * e * b_r[:, None], 0.0))
+    gl.thread_barrier()  # A in shared memory; every warp is done reading K for K Kᵀ
+
+    # --- the diagonal blocks a_b into d_s; the W/U operands over K's and V's tiles
+    for b in gl.static_range(4):
+        d_s.reshape([64, 16]).slice(16 * b, 16, 0).store(
+            a_s.slice(16 * b, 16, 0).slice(16 * b, 16, 1).load(M16))
+    rio = gl.arange(0, BT, layout=gl.SliceLayout(1, IO))
+    sk = gl.convert_layout(b_r * gl.exp(g_r), gl.SliceLayout(1, IO))
+    kt = k_s.load(IO).to(gl.float32) * sk[:, None]
+    k_s.store(gl.where((rio < n)[:, None], kt, 0.0).to(dtype))
+    mbarrier.wait(bars.index(1), 0)
+    sv = gl.convert_layout(b_r, gl.SliceLayout(1, IO))
+    vt = v_s.load(IO).to(gl.float32) * sv[:, None]
+    v_s.store(gl.where((rio < n)[:, None], vt, 0.0).to(dtype))
+    gl.thread_barrier()
+
+    # --- X_b = (I + a_b)^{-1}, transposed, the four blocks together: 15 dependent steps
+    bm = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(2, L3)))
+    bc = gl.arange(0, 16, layout=gl.SliceLayout(0, gl.SliceLayout(1, L3)))
+    m3 = bm[None, :, None]
+    c3 = bc[None, None, :]
+    xt = gl.where(m3 == c3, 1.0, 0.0) + gl.zeros([4, 16, 16], gl.float32, L3)
+    for i in gl.static_range(1, 16):
+        a_i = d_s.slice(i, 1, 1).load(L3)  # [4, 1, 16]: row i of every a_b
+        s = gl.sum(xt * a_i, axis=2)
+        xt = gl.where(c3 == i, xt - s[:, :, None], xt)
+    gl.thread_barrier()  # every step's read of a_b is done: the tile takes X_b
+    xd_s.store(gl.permute(xt, (0, 2, 1)))  # X_b, rows c, columns m
+    gl.thread_barrier()
+    for b in gl.static_range(4):
+        x_s.slice(16 * b, 16, 0).slice(16 * b, 16, 1).store(
+            xd_s.reshape([64, 16]).slice(16 * b, 16, 0).load(M16))
+    gl.thread_barrier()
+
+    # --- X_10 = −X_11 (A_10 X_00), X_32 = −X_33 (A_32 X_22)
+    z16 = gl.zeros([16, 16], gl.float32, M16)
+    for p in gl.static_range(2):
+        x10 = _fma_pair(a_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1),
+                        x_s.slice(32 * p, 16, 0).slice(32 * p, 16, 1),
+                        x_s.slice(32 * p + 16, 16, 0).slice(32 * p + 16, 16, 1), z16, A16, B16)
+        x_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x10)
+    gl.thread_barrier()
+
+    # --- X_BL = −X_BR (A_BL X_TL)
+    x_bl = _fma_pair(a_s.slice(32, 32, 0).slice(0, 32, 1), x_s.slice(0, 32, 0).slice(0, 32, 1),
+                     x_s.slice(32, 32, 0).slice(32, 32, 1),
+                     gl.zeros([32, 32], gl.float32, M32), A32, B32)
+    gl.thread_barrier()  # every read of X's bottom-left (zeros) is done
+    x_s.slice(32, 32, 0).slice(0, 32, 1).store(x_bl)
+    gl.thread_barrier()
+
+    # --- A_inv (fp32, rows < n) and its 16-bit copy for the W/U products
+    x = x_s.load(IOF)
+    if STORE_A:
+        ar = gl.arange(0, BT, layout=gl.SliceLayout(1, IOF))
+        ac = gl.arange(0, BT, layout=gl.SliceLayout(0, IOF))
+        gl.store(A_inv + p_s * BT + ar[:, None] * (HV * BT) + ac[None, :], x,
+                 mask=(ar[:, None] < n) & (ac[None, :] < BT))
+    # A is spent: its tile (1024-byte aligned offset) takes the 16-bit A_inv, NVMMA-swizzled
+    x16_s = a_s._reinterpret(dtype, [BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
+    x16_s.store(x.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+
+    # --- W = A_inv diag(βe^G) K, U = A_inv diag(β) V
+    w = warpgroup_mma(x16_s, k_s, gl.zeros([BT, K], gl.float32, L128), use_acc=False,
+                      is_async=True)
+    u = warpgroup_mma(x16_s, v_s, gl.zeros([BT, V], gl.float32, L128), use_acc=False,
+                      is_async=True)
+    orow = gl.arange(0, BT, layout=gl.SliceLayout(1, IO))
+    ocol = gl.arange(0, K, layout=gl.SliceLayout(0, IO))
+    omask = (orow[:, None] < n) & (ocol[None, :] < K)
+    w = warpgroup_mma_wait(1, deps=[w, x16_s, k_s])[0]
+    gl.store(W + p_s * K + orow[:, None] * (HV * K) + ocol[None, :],
+             gl.convert_layout(w.to(dtype), IO), mask=omask)
+    u = warpgroup_mma_wait(0, deps=[u, x16_s, v_s])[0]
+    gl.store(U + p_s * V + orow[:, None] * (HV * V) + ocol[None, :],
+             gl.convert_layout(u.to(dtype), IO), mask=omask)
+
+    for i in gl.static_range(2):
+        mbarrier.invalidate(bars.index(i))
+
+
+def gluon_wy_supported(k: torch.Tensor, v: torch.Tensor, index: ChunkIndex) -> bool:
+    """Whether :func:`wy_fwd_gluon` serves these shapes and dtypes (the device is not
+    checked, nor beta/G): K = V = 128, chunks of 64, k and v of one 16-bit dtype."""
+    return (k.shape[-1] == _K and v.shape[-1] == _V and index.chunk_size == _BT
+            and k.dtype in (torch.bfloat16, torch.float16) and v.dtype == k.dtype)
+
+
+def _require_gluon_sm90(device: torch.device) -> None:
+    if _GLUON_ERROR is not None:
+        raise RuntimeError(f"Gluon (triton.experimental.gluon, Triton >= 3.6) is not importable "
+                           f"here: {_GLUON_ERROR!r}")
+    if device.type != "cuda":
+        raise RuntimeError(f"the Gluon WY kernel runs on CUDA sm_90 only, got device {device}")
+    cap = torch.cuda.get_device_capability(device)
+    if cap != (9, 0):
+        raise RuntimeError(f"the Gluon WY kernel is compiled for sm_90a only, device {device} "
+                           f"is sm_{cap[0]}{cap[1]}")
+
+
+def _rows_2d(x: torch.Tensor) -> torch.Tensor:
+    """``x: [T, Hx, D]`` as the ``[T, Hx·D]`` row view TMA tiles: in place when its heads
+    are packed (``stride(1) == D``, unit last stride) and the row stride and base are
+    16-byte aligned (a view of a wider projection), else a contiguous copy."""
+    T, Hx, D = x.shape
+    es = x.element_size()
+    if (x.stride(2) == 1 and (x.stride(1) == D or Hx == 1) and x.stride(0) >= Hx * D
+            and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0):
+        return x.as_strided((T, Hx * D), (x.stride(0), 1))
+    x = x.contiguous()
+    if x.data_ptr() % 16:
+        x = x.clone()
+    return x.view(T, Hx * D)
+
+
+def _desc(x2d: torch.Tensor, block: list[int]):
+    dt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
+    layout = gl.NVMMASharedLayout.get_default_for(block, dt)
+    return TensorDescriptor.from_tensor(x2d, block, layout)
+
+
+@launcher(uses_atomics=False, kernels=(_wy_fwd_gluon_kernel,))
+def wy_fwd_gluon(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    G: torch.Tensor,
+    index: ChunkIndex,
+    group: int,
+    *,
+    output_A_inv: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    """WY representation of every chunk, by the Gluon kernel (opt-in; the Triton
+    :func:`gdn_core.ops.wy.wy_fwd` is the default, with the same arguments and results).
+
+    Args:
+        k: ``[T, H, 128]`` bf16 or fp16 keys; head ``hv // group`` serves value head ``hv``.
+        v: ``[T, HV, 128]`` in k's dtype, ``HV = H * group`` (read in place at its token
+            stride when its heads are packed, unit last stride, 16-byte aligned rows).
+        beta: ``[T, HV]`` write strengths (any float dtype).
+        G: ``[T, HV]`` fp32 within-chunk cumsum of ``g`` (another float dtype is cast).
+        index: the chunk table (chunks of 64 tokens).
+        group: value heads per key head.
+        output_A_inv: also return ``A_inv`` (when False the kernel does not write it).
+
+    Returns:
+        ``(A_inv, W, U)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of ``(I + A)^{-1}``
+        of its chunk, columns within the chunk, zero past the chunk's length) or
+        ``None``; ``W: [T, HV, 128]`` in k's dtype; ``U: [T, HV, 128]`` in v's dtype.
+
+    Raises:
+        ValueError: shapes that do not match (as :func:`~gdn_core.ops.wy.wy_fwd`), K or V
+            not 128, chunks not of 64, k and v not of one 16-bit dtype, or more rows than
+            TMA's int32 coordinates address.
+        RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
+    """
+    T, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    if (v.shape[0] != T or HV != H * group or tuple(beta.shape) != (T, HV)
+            or tuple(G.shape) != (T, HV) or T != index.total_tokens):
+        raise ValueError(
+            f"shape mismatch: k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}, "
+            f"G {tuple(G.shape)}, group {group}, tokens {index.total_tokens}")
+    if (K, V) != (_K, _V) or index.chunk_size != _BT:
+        raise ValueError(f"the Gluon WY kernel serves K = V = {_K} and chunks of {_BT}, got "
+                         f"K={K}, V={V}, chunk size {index.chunk_size}")
+    if k.dtype not in (torch.bfloat16, torch.float16) or v.dtype != k.dtype:
+        raise ValueError(f"the Gluon WY kernel takes k and v in one 16-bit dtype, got "
+                         f"{k.dtype}, {v.dtype}")
+    if T >= 2**31:
+        raise ValueError(f"T={T} exceeds TMA's int32 coordinates")
+    _require_gluon_sm90(k.device)
+    dev = k.device
+    W = torch.empty(T, HV, K, dtype=k.dtype, device=dev)
+    U = torch.empty(T, HV, V, dtype=v.dtype, device=dev)
+    A_inv = torch.empty(T if output_A_inv else 0, HV, _BT, dtype=torch.float32, device=dev)
+    if index.num_chunks == 0 or HV == 0 or T == 0:
+        return (A_inv if output_A_inv else None), W, U
+    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
+    beta = beta.contiguous()
+    k_desc = _desc(_rows_2d(k), [_BT, K])
+    v_desc = _desc(_rows_2d(v), [_BT, V])
+    _wy_fwd_gluon_kernel[(index.num_chunks, HV)](
+        k_desc, v_desc, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, HV,
+        GROUP=group, K=K, V=V, BT=_BT, STORE_A=output_A_inv, num_warps=GLUON_WY_WARPS,
+    )
+    return (A_inv if output_A_inv else None), W, U
