@@ -128,7 +128,7 @@ def _load_g(G, bos, eos, ic, HV, i_hv, rt, BT: gl.constexpr):
     chunk past the document reads ``G[eos - 1]`` and no rows (the one-ahead prefetch)."""
     t0 = bos + ic * BT
     n = gl.minimum(eos - t0, BT)
-    t_last = gl.minimum(t0 + BT, eos) - 1
+    t_last = gl.maximum(gl.minimum(t0 + BT, eos) - 1, 0)  # an empty document at 0: G[0]
     g_last = gl.load(G + (t_last.to(gl.int64) * HV + i_hv))
     g = gl.load(G + ((t0 + rt).to(gl.int64) * HV + i_hv), mask=rt < n, other=0.0)
     return g, g_last
@@ -212,13 +212,13 @@ def _chunk_state_fwd_gluon_kernel(
         gl.thread_barrier()
         if STORE_H:
             tma.async_copy_shared_to_global(h_desc, [((c0 + ic) * HV + i_hv) * K, i_v * BV], s_s)
+
+        # (2) P = W h_c; meanwhile the K refill, K~ in place, S's decay, U's tile
+        mbarrier.wait(bar_wu.index(slot), phase)
+        p = warpgroup_mma(w_s.index(slot), s_s, zp, use_acc=False, is_async=True)
         nk = ic - 1 + STAGES  # the previous chunk's K slot is free (its update was waited)
         if (ic >= 1) & (nk < n_chunks):
             _load_k(k_desc, bar_k, k_s, (ic - 1) % STAGES, bos + nk * BT, tk)
-
-        # (2) P = W h_c; meanwhile K~ in place, S's decay, U's tile
-        mbarrier.wait(bar_wu.index(slot), phase)
-        p = warpgroup_mma(w_s.index(slot), s_s, zp, use_acc=False, is_async=True)
         if STORE_VNEW:
             tma.store_wait(1 if STORE_H else 0)  # the previous v_new store has read vn_s
             gl.thread_barrier()
@@ -238,11 +238,11 @@ def _chunk_state_fwd_gluon_kernel(
         vn_s.store(vn.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
+
+        # (4) S += K~ᵀ V'; meanwhile v_new's store, the W/U refill
+        S = warpgroup_mma(k_s.index(slot).permute((1, 0)), vn_s, S, is_async=True)
         if ic + STAGES < n_chunks:  # this chunk's W and U slots are spent
             _load_wu(w_desc, u_desc, bar_wu, w_s, u_s, slot, bos + (ic + STAGES) * BT, tw, tu)
-
-        # (4) S += K~ᵀ V'
-        S = warpgroup_mma(k_s.index(slot).permute((1, 0)), vn_s, S, is_async=True)
         if STORE_VNEW:
             if n == BT:
                 tma.async_copy_shared_to_global(v_desc, [t0, tu], vn_s)
@@ -260,7 +260,10 @@ def _chunk_state_fwd_gluon_kernel(
         mbarrier.invalidate(bar_wu.index(i))
         mbarrier.invalidate(bar_k.index(i))
     if STORE_FINAL:
-        gl.store(ht + st_base + s_off, S)
+        # offsets formed anew (another association than s_off's), so that they are not
+        # the pre-loop tensor kept live across the loop (64 registers a thread at BV = 64)
+        p_t = ht + st_base + (i_v * BV)
+        gl.store(p_t + ((rk * V)[:, None] + rv[None, :]), S)
 
 
 def gluon_chunk_state_supported(
