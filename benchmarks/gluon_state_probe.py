@@ -10,7 +10,8 @@ initial or final state; ``common.time_fn``: CUDA-event medians of 20 after 3 war
 same bits; the Gluon kernel at each ``--bv`` (0: the launcher's choice) and ``--stages``.
 Needs Triton 3.6's Gluon and an sm_90 GPU::
 
-    python benchmarks/gluon_state_probe.py [--tokens 32768] [--docs 1,8] [--bv 0,32,64,128] [--stages 2,3] [--flush-l2]
+    python benchmarks/gluon_state_probe.py [--tokens 32768] [--docs 1,8] \
+        [--bv 0,32,64,128] [--stages 2,3] [--flush-l2]
 
 On a machine without one it prints why and exits with status 2.
 """

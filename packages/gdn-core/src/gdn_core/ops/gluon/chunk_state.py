@@ -58,8 +58,21 @@ calls give the same bits. Registered with :func:`gdn_core.ops.registry.launcher`
 kernels for atomics.
 
 Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
-(``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_state``);
-the figures are in that mode's output and the commit message.
+(``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_state``;
+bf16, h0/h/v_new/final all on, group 1 | group 2)::
+
+    BV=64,  2 slots (launcher, >= 128 programs): 227 | 225 registers, 0 spills,
+                                                 106,528 B shared, 1,696 SASS
+    BV=64,  3 slots: 239 | 237 registers, 0 spills, 147,512 B, 1,808 | 1,800 SASS
+    BV=32,  2 slots (launcher, < 128 programs):  141 registers, 0 spills, 86,048 B
+    BV=128, 2 slots (probe only): 255 registers, 8 | 4 B spills, 147,488 B
+
+against the Triton ``_chunk_state_fwd_kernel`` (BV=64, 4 warps, 3 stages): 255 | 250
+registers, 0 spills, 139,784 B shared (one CTA per SM), 2,328 | 2,304 SASS. Per chunk the
+PTX has 16 ``wgmma.mma_async`` m64n64k16 (8 for ``W h_c``, 2 × 4 for the update), two
+``wgmma.wait_group``, 8 + 4 ``stmatrix`` (h_c, V'), four ``bar.sync`` on the chain's
+path (after h_c, after V', and two while the products run) plus the membar pass's
+syncs around the refills (issued after the products, off the chain).
 """
 
 from __future__ import annotations
