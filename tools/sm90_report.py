@@ -19,7 +19,9 @@ fp32 partials, 8 warps and 4); ``... tools/sm90_report.py gluon_state_bwd`` the 
 reverse state recurrence (bf16, K=V=128, group 1 and 2, BV 128 / 8 warps and 64 / 4 warps)
 next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration);
 ``... tools/sm90_report.py gluon_wy`` the Gluon WY kernel (bf16, K=V=128, group 1 and 2,
-4 warps and 8) next to the Triton ``_wy_kernel`` (inverting); from Python,
+4 warps and 8) next to the Triton ``_wy_kernel`` (inverting); ``... tools/sm90_report.py
+gluon_state`` the Gluon chunk-state kernel beside the Triton one (bf16, K=V=128, BV
+64/32/128); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
@@ -164,6 +166,44 @@ def gluon_grads_reports() -> None:
             print(f"H={H} HV={HV} dq/dk {out.dtype}")
             report_gluon(gc._chunk_grads_bwd_gluon_kernel, args,
                          dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
+
+
+def gluon_state_reports() -> None:
+    """The Gluon chunk-state kernel (:mod:`gdn_core.ops.gluon.chunk_state`) as its launcher
+    builds it (bf16, K = V = 128, chunks of 64, h, v_new and the final state stored, an
+    initial state read; H = HV = 16 and H = 8, HV = 16) at BV = 64 (the launcher's from 128
+    programs on), 32 and 128, two ring slots (the launcher's) and three, beside the Triton
+    ``_chunk_state_fwd_kernel`` at its pinned configuration for 128+ programs."""
+    import torch
+    from gdn_core.ops.chunk_state import _chunk_state_fwd_kernel, chunk_state_config
+    from gdn_core.ops.gluon import chunk_state as gs
+
+    T, NT, N, K = 1024, 16, 2, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        k = torch.zeros(T, H, K, dtype=bf)
+        wu = torch.zeros(T, HV, K, dtype=bf)
+        h = torch.zeros(NT, HV, K, K, dtype=bf)
+        st = torch.zeros(N, HV, K, K)
+        i32 = torch.zeros(N + 1, dtype=torch.int32)
+        for bv, stages in ((64, gs.GLUON_STATE_STAGES), (64, 3), (32, 2), (128, 2)):
+            args = dict(gs._descriptors(k, wu, wu, h, wu, bv), G=torch.zeros(T, HV), h0=st,
+                        v_new=wu, ht=st, doc_offsets=i32, doc_chunk_offsets=i32, HV=HV)
+            print(f"H={H} HV={HV} BV={bv} STAGES={stages}")
+            report_gluon(gs._chunk_state_fwd_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=stages,
+                              USE_H0=True, STORE_H=True, STORE_VNEW=True, STORE_FINAL=True),
+                         num_warps=4)
+        cfg = chunk_state_config(K, K, 2, programs=128)
+        print(f"H={H} HV={HV} Triton BV={cfg['BV']}")
+        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need H HV
+        report(_chunk_state_fwd_kernel, ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16",
+                                         "*bf16", "*fp32", "*i32", "*i32", "*i32", "i32:16",
+                                         "i32:16"],
+               dict(GROUP=HV // H, K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
+                    USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
+                    STORE_FINAL=True, PREC="tf32"),
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
 def gluon_state_bwd_reports() -> None:
@@ -312,7 +352,7 @@ if __name__ == "__main__":
 
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
              "gluon_grads": gluon_grads_reports, "gluon_state_bwd": gluon_state_bwd_reports,
-             "gluon_wy": gluon_wy_reports}
+             "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)
