@@ -259,6 +259,7 @@ def gluon_wy_reports() -> None:
     HV·V]``; then the Triton ``_wy_kernel`` (inverting, the pinned configuration) beside it."""
     import torch
     from gdn_core.ops.gluon import wy as gw
+    from gdn_core.ops.gluon.tma import descriptor, rows_view
 
     T, NT, K = 1024, 16, 128
     bf = torch.bfloat16
@@ -266,8 +267,8 @@ def gluon_wy_reports() -> None:
         k = torch.zeros(T, H, K, dtype=bf)
         v = torch.zeros(T, HV, K, dtype=bf)
         i32 = torch.zeros(NT, dtype=torch.int32)
-        args = dict(k_desc=gw._desc(gw._rows_2d(k), [64, K]),
-                    v_desc=gw._desc(gw._rows_2d(v), [64, K]),
+        args = dict(k_desc=descriptor(rows_view(k), [64, K]),
+                    v_desc=descriptor(rows_view(v), [64, K]),
                     beta=torch.zeros(T, HV, dtype=bf), G=torch.zeros(T, HV),
                     A_inv=torch.zeros(T, HV, 64), W=v, U=v, chunk_start=i32, chunk_len=i32,
                     HV=HV)

@@ -12,6 +12,7 @@ import torch
 from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.gluon import wy as gw
+from gdn_core.ops.gluon.tma import rows_view
 
 
 def _args(T=70, H=1, group=2, K=128, V=128, dtype=torch.bfloat16, v_dtype=None):
@@ -60,21 +61,21 @@ def test_cpu_tensors_raise_runtime_error():
         gw.wy_fwd_gluon(*args)
 
 
-def test_rows_2d_reads_packed_head_views_in_place():
+def test_rows_view_reads_packed_head_views_in_place():
     """A ``v`` view of a wider projection (heads packed, 16-byte row stride) is tiled in
     place; one with a head stride of its own, or an odd row stride, is copied."""
     T, HV, V = 9, 2, 128
     proj = torch.randn(T, 3 * HV * V, dtype=torch.bfloat16)
     view = proj[:, HV * V:2 * HV * V].view(T, HV, V)
     assert not view.is_contiguous()
-    rows = gw._rows_2d(view)
+    rows = rows_view(view)
     assert rows.data_ptr() == view.data_ptr() and rows.stride() == (3 * HV * V, 1)
     assert torch.equal(rows, view.reshape(T, HV * V))
     spread = torch.randn(T, HV, 2 * V, dtype=torch.bfloat16)[..., :V]  # head stride 2V
-    rows = gw._rows_2d(spread)
+    rows = rows_view(spread)
     assert rows.is_contiguous() and torch.equal(rows, spread.reshape(T, HV * V))
     odd = torch.randn(T, HV * V + 1, dtype=torch.bfloat16)[:, 1:].view(T, HV, V)
-    rows = gw._rows_2d(odd)
+    rows = rows_view(odd)
     assert rows.is_contiguous() and torch.equal(rows, odd.reshape(T, HV * V))
 
 

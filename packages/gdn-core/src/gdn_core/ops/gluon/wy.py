@@ -82,6 +82,7 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_WY_WARPS", "gluon_wy_supported", "wy_fwd_gluon"]
@@ -96,7 +97,6 @@ try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must
         warpgroup_mma,
         warpgroup_mma_wait,
     )
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
     _GLUON_ERROR: Exception | None = None
 except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
@@ -316,27 +316,6 @@ def _require_gluon_sm90(device: torch.device) -> None:
                            f"is sm_{cap[0]}{cap[1]}")
 
 
-def _rows_2d(x: torch.Tensor) -> torch.Tensor:
-    """``x: [T, Hx, D]`` as the ``[T, Hx·D]`` row view TMA tiles: in place when its heads
-    are packed (``stride(1) == D``, unit last stride) and the row stride and base are
-    16-byte aligned (a view of a wider projection), else a contiguous copy."""
-    T, Hx, D = x.shape
-    es = x.element_size()
-    if (x.stride(2) == 1 and (x.stride(1) == D or Hx == 1) and x.stride(0) >= Hx * D
-            and (x.stride(0) * es) % 16 == 0 and x.data_ptr() % 16 == 0):
-        return x.as_strided((T, Hx * D), (x.stride(0), 1))
-    x = x.contiguous()
-    if x.data_ptr() % 16:
-        x = x.clone()
-    return x.view(T, Hx * D)
-
-
-def _desc(x2d: torch.Tensor, block: list[int]):
-    dt = gl.bfloat16 if x2d.dtype == torch.bfloat16 else gl.float16
-    layout = gl.NVMMASharedLayout.get_default_for(block, dt)
-    return TensorDescriptor.from_tensor(x2d, block, layout)
-
-
 @launcher(uses_atomics=False, kernels=(_wy_fwd_gluon_kernel,))
 def wy_fwd_gluon(
     k: torch.Tensor,
@@ -396,8 +375,8 @@ def wy_fwd_gluon(
         return (A_inv if output_A_inv else None), W, U
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     beta = beta.contiguous()
-    k_desc = _desc(_rows_2d(k), [_BT, K])
-    v_desc = _desc(_rows_2d(v), [_BT, V])
+    k_desc = descriptor(rows_view(k), [_BT, K])
+    v_desc = descriptor(rows_view(v), [_BT, V])
     _wy_fwd_gluon_kernel[(index.num_chunks, HV)](
         k_desc, v_desc, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, HV,
         GROUP=group, K=K, V=V, BT=_BT, STORE_A=output_A_inv, num_warps=GLUON_WY_WARPS,
