@@ -27,6 +27,34 @@ def test_unknown_stage_raises(monkeypatch):
         gluon.requested("output")
 
 
+TRITON_LAUNCHERS = {
+    "output": "gdn_core.ops.output:chunk_output_fwd",
+    "grads": "gdn_core.ops.chunk_grads_bwd:chunk_grads_bwd",
+    "wy": "gdn_core.ops.wy:wy_fwd",
+    "state": "gdn_core.ops.chunk_state:chunk_state_fwd",
+    "state_bwd": "gdn_core.ops.chunk_state_bwd:chunk_state_bwd",
+}
+
+
+@pytest.mark.parametrize("stage", sorted(gluon.STAGES))
+def test_every_stage_is_a_drop_in_for_its_triton_launcher(stage):
+    """Each stage's Gluon launcher takes the Triton launcher's parameters (names, kinds,
+    defaults) and is registered atomic-free; its ``supported`` test exists."""
+    import importlib
+    import inspect
+
+    module, name, supported = gluon.STAGES[stage]
+    mod = importlib.import_module(f"gdn_core.ops.gluon.{module}")
+    tmod, tname = TRITON_LAUNCHERS[stage].split(":")
+    triton_fn = getattr(importlib.import_module(tmod), tname)
+    got = inspect.signature(getattr(mod, name)).parameters
+    want = inspect.signature(triton_fn).parameters
+    assert [(p.name, p.kind, p.default) for p in got.values()] == \
+        [(p.name, p.kind, p.default) for p in want.values()]
+    assert callable(getattr(mod, supported))
+    assert getattr(mod, name).launcher_info.uses_atomics is False
+
+
 def test_cpu_and_other_shapes_keep_triton(monkeypatch):
     monkeypatch.setenv(gluon.GLUON_ENV, "all")
     index = ChunkIndex.build([0, 70], "cpu")
@@ -46,8 +74,10 @@ def test_cpu_and_other_shapes_keep_triton(monkeypatch):
 @pytest.mark.skipif(not gluon.available(), reason="needs an sm_90 GPU with Gluon")
 def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
     """With ``GDN_CORE_GLUON=all`` a deterministic forward+backward (B1, 3 packed documents,
-    bf16, K = V = 128) launches both Gluon kernels, and every result stays within bf16
+    bf16, K = V = 128) launches every stage's Gluon kernel, and every result stays within bf16
     tolerance of the Triton pipeline's."""
+    import importlib
+
     from gdn_core.autograd import chunk_gdn_autograd
     from gdn_core.ops.registry import record_launches
 
@@ -73,10 +103,12 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
 
     monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
     names, want = run()
-    assert not {"chunk_output_fwd_gluon", "chunk_grads_bwd_gluon"} & names
+    every = {getattr(importlib.import_module(f"gdn_core.ops.gluon.{m}"), n).__name__
+             for m, n, _ in gluon.STAGES.values()}
+    assert not every & names
     monkeypatch.setenv(gluon.GLUON_ENV, "all")
     names, got = run()
-    assert {"chunk_output_fwd_gluon", "chunk_grads_bwd_gluon"} <= names
+    assert every <= names, every - names
     for a, b in zip(got, want):
         rel = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
         assert rel.item() < 2e-2, rel.item()

@@ -538,6 +538,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
             st.summ = reference_phases.summaries(st)
         return st
 
+    from gdn_core.ops import gluon
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.l2norm import l2norm_fwd
@@ -558,7 +559,8 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     else:
         st.q_used, st.k_used = qf.contiguous(), kf.contiguous()
     st.G = chunk_cumsum_fwd(gf, index)
-    A_inv, st.W, st.U = wy_fwd(st.k_used, vf, bf, st.G, index, s.group)
+    wy = gluon.pick("wy", wy_fwd, st.k_used, vf, index)
+    A_inv, st.W, st.U = wy(st.k_used, vf, bf, st.G, index, s.group)
     st.A_inv = inverse_for_backward(A_inv, st.k_used, vf)
     if want:
         need = L.tables(v.device).fwd_need
@@ -624,7 +626,8 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         from gdn_core.ops.chunk_state import chunk_state_fwd
         from gdn_core.ops.output import chunk_output_fwd
 
-        h, v_new, fin = chunk_state_fwd(
+        state = gluon.pick("state", chunk_state_fwd, st.k_used, st.W, st.U, st.index)
+        h, v_new, fin = state(
             st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
             output_final_state=output_final_state, store_states=True,
         )
@@ -729,6 +732,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
             bst.P = reference_phases.entry_state_grads(saved, do, init, D0)
         return bst
 
+    from gdn_core.ops import gluon
     from gdn_core.ops.backward import resolve_workspace, uses_dq_partials
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
@@ -756,17 +760,20 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         bst.A_inv = saved.A_inv
         bst.W, U = wy_apply(k, v, beta, G, saved.A_inv, index, group)
     else:
-        bst.A_inv, bst.W, U = wy_fwd(k, v, beta, G, index, group)
-    bst.h, bst.v_new, _ = chunk_state_fwd(k, bst.W, U, G, index, group, initial_state=init,
-                                          output_final_state=False, store_states=True)
+        bst.A_inv, bst.W, U = gluon.pick("wy", wy_fwd, k, v, index)(k, v, beta, G, index, group)
+    state = gluon.pick("state", chunk_state_fwd, k, bst.W, U, index)
+    bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
+                                output_final_state=False, store_states=True)
     del U  # spent: v_new holds what the backward needs of it
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
     if need:
         D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
         flags = L.tables(k.device).bwd_need
-        _, _, bst.P = chunk_state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
-                                      saved.scale, index, group, store=False, need=flags)
+        state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, bst.W, bst.do_flat,
+                               bst.dv_local, index)
+        _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0, saved.scale,
+                                index, group, store=False, need=flags)
     return bst
 
 

@@ -59,6 +59,7 @@ def _reference_summary(k, v, g, beta, need_M, use_qk_l2norm_in_kernel):
 
 
 def _triton_summary(k, v, g, beta, need_M, use_qk_l2norm_in_kernel, index):
+    from gdn_core.ops import gluon
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.l2norm import l2norm_fwd
@@ -70,7 +71,11 @@ def _triton_summary(k, v, g, beta, need_M, use_qk_l2norm_in_kernel, index):
     if use_qk_l2norm_in_kernel:
         k, _ = l2norm_fwd(k)
     G = chunk_cumsum_fwd(g, index)
-    _, W, U = wy_fwd(k, v, beta, G, index, group, output_A_inv=False)
+    # the WY stage follows the switch (its W, U feed the segment path too); the two state
+    # passes stay Triton: the segment path's summaries are the Triton [E | M] launch, and
+    # the E columns here must be its bits (partition invariance)
+    wy = gluon.pick("wy", wy_fwd, k, v, index)
+    _, W, U = wy(k, v, beta, G, index, group, output_A_inv=False)
     _, _, final = chunk_state_fwd(k, W, U, G, index, group, output_final_state=True,
                                   store_states=False)
     M = None

@@ -367,7 +367,8 @@ def backward_from_recompute(
 
     if dv_local is None:
         dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
-    dh, dvp, dh0 = chunk_state_bwd(
+    state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, rec.W, do, dv_local, index)
+    dh, dvp, dh0 = state_bwd(
         q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
         dh0=dh0,
     )  # dV' over dv_local: each element is rewritten by the program that read it
@@ -443,12 +444,12 @@ def chunk_gdn_backward(
         G = chunk_cumsum_fwd(g.contiguous(), index)
     G = G.contiguous()
     if A_inv is None:
-        A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
+        A_inv, W, U = gluon.pick("wy", wy_fwd, k, v, index)(k, v, beta, G, index, group)
     else:
         W, U = wy_apply(k, v, beta, G, A_inv, index, group)
     rec = Recomputed(W, None, None)
     del W  # the backward frees W, h and v_new as it spends them: no other reference
-    rec.h, rec.v_new, _ = chunk_state_fwd(
+    rec.h, rec.v_new, _ = gluon.pick("state", chunk_state_fwd, k, rec.W, U, index)(
         k, rec.W, U, G, index, group, initial_state=initial_state, output_final_state=False,
         store_states=True,
     )

@@ -88,9 +88,9 @@ def gdn_forward_triton(
     else:
         q_used, k_used, q_rstd, k_rstd = q, k, None, None
     G = chunk_cumsum_fwd(g, index)
-    A_inv, W, U = wy_fwd(k_used, v, beta, G, index, group)
+    A_inv, W, U = gluon.pick("wy", wy_fwd, k_used, v, index)(k_used, v, beta, G, index, group)
     A_inv = inverse_for_backward(A_inv, k_used, v)  # the fp32 inverse is freed here
-    h, v_new, final = chunk_state_fwd(
+    h, v_new, final = gluon.pick("state", chunk_state_fwd, k_used, W, U, index)(
         k_used, W, U, G, index, group, initial_state=initial_state,
         output_final_state=output_final_state, store_states=True,
     )

@@ -1,15 +1,19 @@
 """Kernels in Gluon (``triton.experimental.gluon``, Triton 3.6's Hopper API), opt-in.
 
-The pipeline runs them only when asked: the environment variable
-``GDN_CORE_GLUON`` names the stages (``output``, ``grads``, comma-separated, or
-``all``) whose Gluon kernel replaces the Triton one where it serves the shapes
-(:func:`pick` chooses the launcher, :data:`STAGES` lists them; elsewhere the Triton
-kernel runs, and a profile shows which ran). An experiment switch while
-the Gluon kernels are new; a caller may also use a launcher directly
-(:func:`gdn_core.ops.gluon.output.chunk_output_fwd_gluon`,
-:func:`gdn_core.ops.gluon.chunk_grads.chunk_grads_bwd_gluon`). Importing this
-package never compiles anything and never fails on a machine without a GPU or
-without Gluon; :func:`available` says whether Gluon imports here and the current
+The pipeline runs them only when asked: the environment variable ``GDN_CORE_GLUON``
+names the stages (the keys of :data:`STAGES`: ``output``, ``grads``, ``wy``, ``state``,
+``state_bwd``; comma-separated, or ``all``) whose Gluon kernel replaces the Triton one
+where it serves the call; :func:`pick` chooses, elsewhere the Triton kernel runs, and a
+profile or ``record_launches`` shows which ran. A caller may also use a launcher
+directly (``gdn_core.ops.gluon.<module>.<launcher>``, :data:`STAGES` names them).
+
+The state stage replaces only the passes that walk a segment from its entry state (the
+forward, the backward's recompute); the segment summaries (the ``[E | M]`` launch and
+:mod:`gdn_core.kcp.summary`) stay Triton, so a summary has the same bits whichever
+world size computes it (partition invariance).
+
+Importing this package never compiles anything and never fails on a machine without a
+GPU or without Gluon; :func:`available` says whether Gluon imports here and the current
 device is an sm_90 GPU.
 """
 
@@ -30,6 +34,9 @@ GLUON_ENV = "GDN_CORE_GLUON"
 STAGES: dict[str, tuple[str, str, str]] = {
     "output": ("output", "chunk_output_fwd_gluon", "gluon_output_supported"),
     "grads": ("chunk_grads", "chunk_grads_bwd_gluon", "gluon_chunk_grads_supported"),
+    "wy": ("wy", "wy_fwd_gluon", "gluon_wy_supported"),
+    "state": ("chunk_state", "chunk_state_fwd_gluon", "gluon_chunk_state_supported"),
+    "state_bwd": ("chunk_state_bwd", "chunk_state_bwd_gluon", "gluon_state_bwd_supported"),
 }
 
 
