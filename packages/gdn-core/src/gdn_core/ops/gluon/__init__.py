@@ -64,7 +64,8 @@ def pick(stage: str, triton_launcher: Callable, *probe) -> Callable:
     interpreter only if ``TRITON_INTERPRET`` is set when its module is imported)."""
     if requested(stage) and probe[0].is_cuda and available():
         module, name, supported = STAGES[stage]
-        mod = importlib.import_module(f"{__name__}.{module}")
+        path = f"{__name__}.{module}"
+        mod = importlib.import_module(path)  # import-check: allow-dynamic (STAGES)
         if getattr(mod, supported)(*probe):
             return getattr(mod, name)
     return triton_launcher
