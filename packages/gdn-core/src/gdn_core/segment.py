@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from gdn_core import reference_phases
+from gdn_core.bwd_slabs import Slab, finish_in_slabs, plan_slabs, slab_tokens
 from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE, ChunkIndex
 from gdn_core.hostcache import LRUCache, capturing, device_key
 from gdn_core.saved import GDNGrads, GDNSaved
@@ -681,6 +682,7 @@ class SegmentBackward:
     v_new: torch.Tensor | None = None
     dv_local: torch.Tensor | None = None
     do_flat: torch.Tensor | None = None
+    slabs: tuple[Slab, ...] | None = None  # the last phase's slabs (gdn_core.bwd_slabs)
 
     @property
     def layout(self) -> SegmentLayout:
@@ -756,14 +758,20 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
 
         G = chunk_cumsum_fwd(saved.g.contiguous(), index)
         saved.G = G
+    if workspace is None:
+        bst.slabs = plan_slabs(index, slab_tokens())
+    if bst.slabs is not None and not need and saved.A_inv is not None:
+        bst.A_inv = saved.A_inv
+        return bst  # the last phase recomputes everything slab by slab
     if saved.A_inv is not None:
         bst.A_inv = saved.A_inv
         bst.W, U = wy_apply(k, v, beta, G, saved.A_inv, index, group)
     else:
         bst.A_inv, bst.W, U = gluon.pick("wy", wy_fwd, k, v, index)(k, v, beta, G, index, group)
-    state = gluon.pick("state", chunk_state_fwd, k, bst.W, U, index)
-    bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
-                                output_final_state=False, store_states=True)
+    if bst.slabs is None:
+        state = gluon.pick("state", chunk_state_fwd, k, bst.W, U, index)
+        bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
+                                    output_final_state=False, store_states=True)
     del U  # spent: v_new holds what the backward needs of it
     bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
@@ -774,6 +782,8 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
                                bst.dv_local, index)
         _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0, saved.scale,
                                 index, group, store=False, need=flags)
+    if bst.slabs is not None:  # W and dV' are rebuilt slab by slab in the last phase
+        bst.W = bst.dv_local = None
     return bst
 
 
@@ -829,6 +839,13 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
     want_h0 = saved.initial_state is not None
     if saved.backend == "reference":  # the CPU path
         dq, dk, dv, dg, dbeta, dh0 = reference_phases.backward(saved, bst.do, D, init)
+    elif bst.slabs is not None:
+        l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None
+        dq, dk, dv, dg, dbeta, dh0 = finish_in_slabs(bst, bst.slabs, D, init, l2)
+        B, T = s.B, s.T
+        dq, dk = dq.reshape(B, T, s.H, s.K), dk.reshape(B, T, s.H, s.K)
+        dv = dv.reshape(B, T, s.HV, s.V)
+        dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     else:
         from gdn_core.ops.backward import Recomputed, backward_from_recompute
 
