@@ -8,11 +8,13 @@ after 3 warm-ups; ``--flush-l2`` flushes L2 between iterations). Prints ms per c
 ratio to the pinned Triton kernel, the largest |difference| between the two results,
 and whether two Gluon calls give the same bits; the Gluon kernel at 4 warps (the
 launcher's) and 8 (``--warps``; two warpgroups splitting the value columns), with the
-TMA store of full chunks (the launcher's) and with register stores only (``--stores``).
+TMA store of full chunks (the launcher's) and with register stores only (``--stores``),
+at 4 warps with the launcher's 128-register cap (four CTAs an SM) and uncapped
+(``--maxnreg``; 0: no cap, 136 registers, three CTAs an SM).
 Needs Triton 3.6's Gluon and an sm_90 GPU::
 
     python benchmarks/gluon_dv_local_probe.py [--tokens 32768] [--docs 1,8] [--warps 4,8]
-        [--stores tma,regs] [--flush-l2]
+        [--stores tma,regs] [--maxnreg 128,0] [--flush-l2]
 
 On a machine without one it prints why and exits with status 2.
 """
@@ -55,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stores", default="tma,regs",
                         help="Gluon stores to time (tma: full chunks by TMA, the launcher's; "
                              "regs: register stores only)")
+    parser.add_argument("--maxnreg", default="128,0",
+                        help="register caps of the 4-warp kernel to time (0: none)")
     args = parser.parse_args(argv)
     common.import_workspace_module("gdn_core")
     from gdn_core.ops.gluon import available
@@ -87,20 +91,24 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             tdv.dv_local_config = pinned_cfg
         print(f"D{docs}: triton num_stages=3 {t_tr3:.4f} ms")
-        pinned = gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE
+        pinned = gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE, gd.GLUON_DV_LOCAL_MAXNREG
+        runs = [(w, st, int(c) or None) for st in args.stores.split(",")
+                for w in (int(x) for x in args.warps.split(","))
+                for c in (args.maxnreg.split(",") if w == 4 else ["0"])]
         try:
-            for store in args.stores.split(","):
-                for warps in (int(x) for x in args.warps.split(",")):
-                    gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE = warps, store == "tma"
-                    dv_gl = gd.dv_local_bwd_gluon(*call)
-                    same = torch.equal(dv_gl, gd.dv_local_bwd_gluon(*call))
-                    diff = (dv_gl.float() - dv_tr.float()).abs().max().item()
-                    t_gl = timed(lambda c=call: gd.dv_local_bwd_gluon(*c))
-                    print(f"D{docs}: gluon warps={warps} stores={store} {t_gl:.4f} ms | "
-                          f"gluon/triton {t_gl / t_tr:.3f} (vs 3 stages {t_gl / t_tr3:.3f}) | "
-                          f"max|diff| {diff:.3e} | repeatable {same}")
+            for warps, store, cap in runs:
+                gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE = warps, store == "tma"
+                gd.GLUON_DV_LOCAL_MAXNREG = cap
+                dv_gl = gd.dv_local_bwd_gluon(*call)
+                same = torch.equal(dv_gl, gd.dv_local_bwd_gluon(*call))
+                diff = (dv_gl.float() - dv_tr.float()).abs().max().item()
+                t_gl = timed(lambda c=call: gd.dv_local_bwd_gluon(*c))
+                print(f"D{docs}: gluon warps={warps} stores={store} maxnreg={cap} "
+                      f"{t_gl:.4f} ms | gluon/triton {t_gl / t_tr:.3f} (vs 3 stages "
+                      f"{t_gl / t_tr3:.3f}) | max|diff| {diff:.3e} | repeatable {same}")
         finally:
-            gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE = pinned
+            (gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE,
+             gd.GLUON_DV_LOCAL_MAXNREG) = pinned
     return 0
 
 

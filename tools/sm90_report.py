@@ -283,8 +283,9 @@ def gluon_wy_reports() -> None:
 def gluon_dv_local_reports() -> None:
     """The Gluon dv_local kernel (:mod:`gdn_core.ops.gluon.dv_local`) as its launcher builds
     it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2),
-    4 warps (the launcher's) and 8 (two warpgroups), with the TMA store of full chunks (the
-    launcher's) and without; then the Triton ``_dv_local_kernel`` at its pinned configuration
+    4 warps at the launcher's register cap (128) and uncapped, and 8 (two warpgroups), with
+    the TMA store of full chunks (the launcher's) and without; then the Triton
+    ``_dv_local_kernel`` at its pinned configuration
     (:func:`gdn_core.ops.dv_local.dv_local_config`) and at 3 stages."""
     import torch
     from gdn_core.ops.dv_local import _dv_local_kernel, dv_local_config
@@ -298,13 +299,13 @@ def gluon_dv_local_reports() -> None:
         i32 = torch.zeros(NT, dtype=torch.int32)
         args = dict(gd._descriptors(q, q, do, do), G=torch.zeros(T, HV), dv=do,
                     chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
-        for warps, tma_store in ((gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE),
-                                 (gd.GLUON_DV_LOCAL_WARPS, not gd.GLUON_DV_LOCAL_TMA_STORE),
-                                 (8, gd.GLUON_DV_LOCAL_TMA_STORE)):
-            print(f"H={H} HV={HV} TMA_STORE={tma_store}")
+        pinned = (gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE, gd.GLUON_DV_LOCAL_MAXNREG)
+        for warps, tma_store, cap in (pinned, (4, True, None), (4, False, pinned[2]),
+                                      (4, False, None), (8, True, None)):
+            print(f"H={H} HV={HV} TMA_STORE={tma_store} maxnreg={cap}")
             report_gluon(gd._dv_local_gluon_kernel, args,
                          dict(GROUP=HV // H, K=K, V=K, BT=64, TMA_STORE=tma_store),
-                         num_warps=warps)
+                         num_warps=warps, **({"maxnreg": cap} if cap else {}))
         cfg = dv_local_config(K, K)
         for stages in (cfg["num_stages"], 3):
             print(f"H={H} HV={HV} Triton _dv_local_kernel BK={cfg['BK']} BV={cfg['BV']}")

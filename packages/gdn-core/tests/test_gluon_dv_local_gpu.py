@@ -2,12 +2,13 @@
 
 Runs only where Triton 3.6's Gluon imports and the GPU is sm_90 (the H200). Packed
 documents with short last chunks, grouped heads, bf16 and fp16, 4 warps (the
-launcher's) and 8, the TMA store of full chunks (the launcher's) and register stores
-only: against an fp32 reference of the stage (fp16 5e-3 relative to the largest |dv|;
-bf16 1e-2, the project's bf16 tolerance), against the Triton kernel, bitwise
-repeatable, into an ``out=`` buffer, each document's bits the same when it is launched
-alone, and a non-finite value in one document's rows (the rows a short chunk before it
-reads through TMA) leaving the other documents' bits unchanged.
+launcher's, at its 128-register cap and uncapped) and 8, the TMA store of full chunks
+(the launcher's) and register stores only: against an fp32 reference of the stage
+(fp16 5e-3 relative to the largest |dv|; bf16 1e-2, the project's bf16 tolerance),
+against the Triton kernel, bitwise repeatable, into an ``out=`` buffer; strided views
+read in place; each document's bits the same when it is launched alone, and a
+non-finite value in one document's rows (the rows a short chunk before it reads through
+TMA) leaving the other documents' bits unchanged.
 """
 
 from __future__ import annotations
@@ -84,17 +85,19 @@ def _reference(q, k, G, do, scale, offs, group, C=64):
     return out
 
 
-@pytest.mark.parametrize("warps,tma_store", [(4, True), (4, False), (8, True)])
+@pytest.mark.parametrize("warps,tma_store,maxnreg",
+                         [(4, True, 128), (4, True, None), (4, False, 128), (8, True, None)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("group", [1, 2])
 @pytest.mark.parametrize("lengths", [LENGTHS, *LONG], ids=["short", "32k-1doc", "32k-9docs"])
 def test_gluon_dv_local_matches_reference_triton_and_repeats(lengths, group, dtype, warps,
-                                                             tma_store, monkeypatch):
+                                                             tma_store, maxnreg, monkeypatch):
     from gdn_core.ops.dv_local import dv_local_bwd
     from gdn_core.ops.gluon import dv_local as gd
 
     monkeypatch.setattr(gd, "GLUON_DV_LOCAL_WARPS", warps)
     monkeypatch.setattr(gd, "GLUON_DV_LOCAL_TMA_STORE", tma_store)
+    monkeypatch.setattr(gd, "GLUON_DV_LOCAL_MAXNREG", maxnreg)
     H = 2 if len(lengths) == len(LENGTHS) else 8
     offs, index, (q, k, G, do) = _problem(lengths, H, group, dtype)
     scale = 128**-0.5

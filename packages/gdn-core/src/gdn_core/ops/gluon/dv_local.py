@@ -48,7 +48,23 @@ kernel (its K reduction runs in two 64-wide blocks).
 
 Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_dv_local``;
-bf16, group 1 and 2 alike): see ``docs``/the report mode for the figures.
+bf16, K = V = 128, H = HV = 16 and H = 8, HV = 16 alike; per CTA 8 ``m64n64k16`` and 4
+``m64n128k16`` wgmma, three TMA loads, one TMA store)::
+
+    4 warps, TMA store, maxnreg 128 (the launcher's): 128 registers, 0 spills,
+                                      49,168 B shared, 1,184 SASS instructions (4 CTAs/SM)
+    4 warps, TMA store, uncapped:     136 registers, 0 spills, 1,176 SASS (3 CTAs/SM)
+    4 warps, register stores, 128:    128 registers, 0 spills, 1,096 / 1,104 SASS
+    4 warps, register stores, uncapped: 142 registers, 0 spills, 1,080 / 1,088 SASS
+    8 warps, TMA store:                76 registers, 0 spills,   752 SASS
+
+against the Triton ``_dv_local_kernel`` (BK = BV = 64, 4 warps): 1 stage (pinned) 111 /
+112 registers, 0 spills, 16,384 B shared, 920 / 912 SASS; 3 stages 120 / 126 registers,
+49,152 B shared, 1,104 / 1,120 SASS.
+
+What only the GPU can tell: whether 4 CTAs an SM (the 128-register cap) beat 3, whether
+the TMA store beats the 16-byte register stores, and whether one chunk a CTA (no
+prefetch of the next chunk) hides the load latency of this memory-bound stage.
 """
 
 from __future__ import annotations
@@ -60,6 +76,7 @@ from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
 __all__ = [
+    "GLUON_DV_LOCAL_MAXNREG",
     "GLUON_DV_LOCAL_TMA_STORE",
     "GLUON_DV_LOCAL_WARPS",
     "dv_local_bwd_gluon",
@@ -93,6 +110,9 @@ except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not avail
 GLUON_DV_LOCAL_WARPS = 4
 #: Full chunks stored by TMA from shared memory (else every chunk by register stores).
 GLUON_DV_LOCAL_TMA_STORE = True
+#: Register cap of the 4-warp kernel (``None``: ptxas's choice, 136): at 128, four CTAs
+#: fit an SM (registers 4 × 128 × 128 ≤ 64 K; shared 4 × 48 KB), at 136 three.
+GLUON_DV_LOCAL_MAXNREG: int | None = 128
 _BT, _K, _V = 64, 128, 128
 
 
@@ -312,10 +332,12 @@ def dv_local_bwd_gluon(
         return out
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     d = _descriptors(q, k, do, out)
+    warps = GLUON_DV_LOCAL_WARPS
+    cap = {"maxnreg": GLUON_DV_LOCAL_MAXNREG} if warps == 4 and GLUON_DV_LOCAL_MAXNREG else {}
     _dv_local_gluon_kernel[(NT, HV)](
         d["q_desc"], d["k_desc"], d["do_desc"], d["dv_desc"], G, out, index.chunk_start,
         index.chunk_len, float(scale), HV,
         GROUP=group, K=K, V=V, BT=_BT, TMA_STORE=GLUON_DV_LOCAL_TMA_STORE,
-        num_warps=GLUON_DV_LOCAL_WARPS,
+        num_warps=warps, **cap,
     )
     return out
