@@ -21,7 +21,8 @@ next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration);
 ``... tools/sm90_report.py gluon_wy`` the Gluon WY kernel (bf16, K=V=128, group 1 and 2,
 4 warps and 8) next to the Triton ``_wy_kernel`` (inverting); ``... tools/sm90_report.py
 gluon_state`` the Gluon chunk-state kernel beside the Triton one (bf16, K=V=128, BV
-64/32/128); from Python,
+64/32/128); ``... tools/sm90_report.py gluon_dv_local`` the Gluon dv_local kernel beside
+the Triton ``_dv_local_kernel`` (bf16, K=V=128, group 1 and 2); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
@@ -279,6 +280,43 @@ def gluon_wy_reports() -> None:
     _wy_triton_report(invert_modes=(True,))
 
 
+def gluon_dv_local_reports() -> None:
+    """The Gluon dv_local kernel (:mod:`gdn_core.ops.gluon.dv_local`) as its launcher builds
+    it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2),
+    4 warps at the launcher's register cap (128) and uncapped, and 8 (two warpgroups), with
+    the TMA store of full chunks (the launcher's) and without; then the Triton
+    ``_dv_local_kernel`` at its pinned configuration
+    (:func:`gdn_core.ops.dv_local.dv_local_config`) and at 3 stages."""
+    import torch
+    from gdn_core.ops.dv_local import _dv_local_kernel, dv_local_config
+    from gdn_core.ops.gluon import dv_local as gd
+
+    T, NT, K = 1024, 16, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        do = torch.zeros(T, HV, K, dtype=bf)
+        i32 = torch.zeros(NT, dtype=torch.int32)
+        args = dict(gd._descriptors(q, q, do, do), G=torch.zeros(T, HV), dv=do,
+                    chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+        pinned = (gd.GLUON_DV_LOCAL_WARPS, gd.GLUON_DV_LOCAL_TMA_STORE, gd.GLUON_DV_LOCAL_MAXNREG)
+        for warps, tma_store, cap in (pinned, (4, True, None), (4, False, pinned[2]),
+                                      (4, False, None), (8, True, None)):
+            print(f"H={H} HV={HV} TMA_STORE={tma_store} maxnreg={cap}")
+            report_gluon(gd._dv_local_gluon_kernel, args,
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, TMA_STORE=tma_store),
+                         num_warps=warps, **({"maxnreg": cap} if cap else {}))
+        cfg = dv_local_config(K, K)
+        for stages in (cfg["num_stages"], 3):
+            print(f"H={H} HV={HV} Triton _dv_local_kernel BK={cfg['BK']} BV={cfg['BV']}")
+            # q k G do dv chunk_start chunk_len scale
+            report(_dv_local_kernel, ["*bf16", "*bf16", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
+                                      "fp32"],
+                   dict(H=H, HV=HV, K=K, V=K, GROUP=HV // H, BT=64, BK=cfg["BK"], BV=cfg["BV"],
+                        DOT_PREC="tf32"),
+                   num_warps=cfg["num_warps"], num_stages=stages)
+
+
 def _wy_triton_report(invert_modes=(True, False)) -> None:
     """The Triton WY kernel, bf16, K = V = 128, group 1 (``INVERT``: wy_fwd; else wy_apply)."""
     from gdn_core.ops.wy import _wy_kernel, wy_config
@@ -353,7 +391,8 @@ if __name__ == "__main__":
 
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
              "gluon_grads": gluon_grads_reports, "gluon_state_bwd": gluon_state_bwd_reports,
-             "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports}
+             "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
+             "gluon_dv_local": gluon_dv_local_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)
