@@ -1,5 +1,8 @@
 """Stage 2, the WY representation, in Gluon for Hopper (sm_90a): opt-in, K = V = 128, 16-bit.
 
+Two kernels: :func:`wy_fwd_gluon` (A, its inverse, W, U) and :func:`wy_apply_gluon` (the
+backward's W, U from the stored inverse, no inversion; below, after the forward).
+
 Same math, arguments and results as :func:`gdn_core.ops.wy.wy_fwd` (a drop-in)::
 
     A_ij  = β_i (k_i·k_j) exp(G_i − G_j)     i > j, i < n, else 0
@@ -38,9 +41,11 @@ every intermediate in shared memory and writes ``A_inv`` once, at the end.
      operands loaded from the shared ``A`` and ``X`` tiles; the upper blocks of
      ``X`` are zeros written at the start.
 4. ``A_inv`` stored from the shared ``X`` (rows < n, 16-byte stores), rounded to
-   16 bits into an NVMMA tile, and ``W = A_inv16 · Y_K``, ``U = A_inv16 · Y_V`` as
-   two asynchronous ``warpgroup_mma`` (64×128, K = 64, both operands in shared
-   memory), converted to a 16-byte-store layout and stored for rows < n.
+   16 bits into an NVMMA tile, and ``W = A_inv16 · Y_K``, then ``U = A_inv16 · Y_V``
+   (:func:`_wu_products`: one ``warpgroup_mma`` each, 64×128, K = 64, both operands in
+   shared memory; one accumulator live at a time), each rounded into its operand's
+   spent tile and stored from there: a TMA store of the whole tile for a full chunk,
+   16-byte masked stores of rows < n for a short one (:func:`_store_rows`).
 
 Rows ≥ n (the last chunk of a document): TMA reads whole 64-row tiles, so K's and
 V's rows ≥ n hold the next document's rows (zeros past ``T``). They reach only
@@ -68,13 +73,41 @@ Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on o
 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_wy``,
 bf16, group 1 and 2 alike)::
 
-    warps=4 (the launcher's): 168 registers, 0 spills, 69,904 B shared, 2,928 SASS
-    warps=8:                  163 registers, 0 spills, 69,904 B shared, 2,168 SASS
+    warps=4 (the launcher's): 168 registers, 0 spills, 69,904 B shared, 3,008 SASS
+    warps=8:                  165 registers, 0 spills, 69,904 B shared, 2,232 SASS
                               (one CTA per SM by registers: for comparison only)
+
+(2,928 / 2,168 SASS and 163 registers at 8 warps before the W/U epilogue became
+:func:`_wu_products`, shared with the apply kernel.)
 
 against the Triton ``_wy_kernel`` (inverting, 8 warps): 100 registers, 0 spills,
 16,384 B shared, 1,776 SASS instructions. The PTX has 16 ``wgmma.mma_async`` (K Kᵀ
 and the two A_inv products), 745 ``fma.rn.f32``, 37 ``bar.sync``.
+
+The apply kernel (:func:`wy_apply_gluon`; same arguments and results as
+:func:`gdn_core.ops.wy.wy_apply`), one CTA per (chunk, value head), one warpgroup: the
+three TMA loads issued first (K at ``(bos, head·K)`` of ``[T, H·K]``, V of ``[T, HV·V]``,
+the 16-bit ``A_inv`` at ``(bos, hv·64)`` of ``[T, HV·64]``: ``inverse_for_backward``'s
+copy read in place; an fp32 one is rounded to 16 bits on the host, the rounding the
+Triton kernel applies before its 16-bit dot), β and G (rows ≥ n read 0) while they fly;
+then the forward's own code for the rest: the W/U operands in place in K's and V's tiles
+(:func:`_scale_rows`: rows ≥ n, the next document's or TMA's zeros past ``T``, selected
+to 0 before any product, so a NaN there cannot reach ``0 · NaN``) and the two products
+and stores (:func:`_wu_products`). ``A_inv``'s rows ≥ n (the next chunk's) are not
+zeroed: row ``i`` of a product reads row ``i`` of ``A_inv`` only, and rows ≥ n are
+never stored. Memory-bound (K, V, A_inv read; W, U written): 40,984 B of shared memory
+and 102 registers × 128 threads, so four CTAs per SM (160 KiB of loads in flight per
+SM). Compiled, not yet run (``tools/sm90_report.py gluon_wy_apply``, bf16, group 1 and 2
+alike)::
+
+    warps=4 (the launcher's):  102 registers, 0 spills, 40,984 B shared, 1,144 SASS
+    warps=4, maxnreg=96:        96 registers, 0 spills (five CTAs per SM; a probe option)
+    warps=8:                    62 registers, 0 spills, 40,984 B shared,   696 SASS
+
+against the Triton ``_wy_kernel`` non-inverting on the bf16 ``A_inv`` (8 warps): 48
+registers, 0 spills, 16,384 B shared, 392 SASS. With both products in flight at once
+(the accumulators live together) the apply kernel took 154 registers (three CTAs per
+SM): hence one at a time.
 """
 
 from __future__ import annotations
