@@ -22,7 +22,10 @@ next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration);
 4 warps and 8) next to the Triton ``_wy_kernel`` (inverting); ``... tools/sm90_report.py
 gluon_state`` the Gluon chunk-state kernel beside the Triton one (bf16, K=V=128, BV
 64/32/128); ``... tools/sm90_report.py gluon_dv_local`` the Gluon dv_local kernel beside
-the Triton ``_dv_local_kernel`` (bf16, K=V=128, group 1 and 2); from Python,
+the Triton ``_dv_local_kernel`` (bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py
+gluon_wy_apply`` the Gluon WY apply kernel (the backward's W, U from the bf16 inverse; group
+1 and 2, 4 warps, 4 capped at 96 registers, and 8) next to the Triton ``_wy_kernel``
+(non-inverting, bf16 ``A_inv``); from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
@@ -260,7 +263,6 @@ def gluon_wy_reports() -> None:
     HV·V]``; then the Triton ``_wy_kernel`` (inverting, the pinned configuration) beside it."""
     import torch
     from gdn_core.ops.gluon import wy as gw
-    from gdn_core.ops.gluon.tma import descriptor, rows_view
 
     T, NT, K = 1024, 16, 128
     bf = torch.bfloat16
@@ -268,11 +270,10 @@ def gluon_wy_reports() -> None:
         k = torch.zeros(T, H, K, dtype=bf)
         v = torch.zeros(T, HV, K, dtype=bf)
         i32 = torch.zeros(NT, dtype=torch.int32)
-        args = dict(k_desc=descriptor(rows_view(k), [64, K]),
-                    v_desc=descriptor(rows_view(v), [64, K]),
-                    beta=torch.zeros(T, HV, dtype=bf), G=torch.zeros(T, HV),
-                    A_inv=torch.zeros(T, HV, 64), W=v, U=v, chunk_start=i32, chunk_len=i32,
-                    HV=HV)
+        w = torch.zeros(T, HV, K, dtype=bf)
+        args = dict(gw._descriptors(k, v, w, w), beta=torch.zeros(T, HV, dtype=bf),
+                    G=torch.zeros(T, HV), A_inv=torch.zeros(T, HV, 64), W=w, U=w,
+                    chunk_start=i32, chunk_len=i32, HV=HV)
         for warps in (gw.GLUON_WY_WARPS, 8):
             print(f"H={H} HV={HV}")
             report_gluon(gw._wy_fwd_gluon_kernel, args,
@@ -317,14 +318,45 @@ def gluon_dv_local_reports() -> None:
                    num_warps=cfg["num_warps"], num_stages=stages)
 
 
-def _wy_triton_report(invert_modes=(True, False)) -> None:
-    """The Triton WY kernel, bf16, K = V = 128, group 1 (``INVERT``: wy_fwd; else wy_apply)."""
+def gluon_wy_apply_reports() -> None:
+    """The Gluon WY apply kernel (:func:`gdn_core.ops.gluon.wy.wy_apply_gluon`, the
+    backward's W, U from the stored inverse) as its launcher builds it: bf16, K = V = 128,
+    chunks of 64, the bf16 ``A_inv`` (``inverse_for_backward``'s) through TMA, H = HV = 16
+    (group 1) and H = 8, HV = 16 (group 2), 4 warps (the launcher's) and 8 (two
+    warpgroups); then the Triton ``_wy_kernel`` non-inverting (``wy_apply``) on the same
+    bf16 ``A_inv``."""
+    import torch
+    from gdn_core.ops.gluon import wy as gw
+    from gdn_core.ops.gluon.tma import descriptor, rows_view
+
+    T, NT, K = 1024, 16, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        k = torch.zeros(T, H, K, dtype=bf)
+        v = torch.zeros(T, HV, K, dtype=bf)
+        a = torch.zeros(T, HV, 64, dtype=bf)
+        i32 = torch.zeros(NT, dtype=torch.int32)
+        args = dict(gw._descriptors(k, v, v, v), a_desc=descriptor(rows_view(a), [64, 64]),
+                    beta=torch.zeros(T, HV, dtype=bf), G=torch.zeros(T, HV), W=v, U=v,
+                    chunk_start=i32, chunk_len=i32, HV=HV)
+        for warps, cap in ((gw.GLUON_WY_APPLY_WARPS, gw.GLUON_WY_APPLY_MAXNREG), (4, 96),
+                           (8, None)):
+            print(f"H={H} HV={HV} maxnreg={cap}")
+            report_gluon(gw._wy_apply_gluon_kernel, args, dict(GROUP=HV // H, K=K, V=K, BT=64),
+                         num_warps=warps, **({} if cap is None else {"maxnreg": cap}))
+    _wy_triton_report(invert_modes=(False,), a_type="*bf16")
+
+
+def _wy_triton_report(invert_modes=(True, False), a_type: str = "*fp32") -> None:
+    """The Triton WY kernel, bf16, K = V = 128, group 1 (``INVERT``: wy_fwd; else wy_apply;
+    ``a_type``: ``A_inv``'s, fp32 or the backward's 16-bit copy when not inverting)."""
     from gdn_core.ops.wy import _wy_kernel, wy_config
 
     cfg = wy_config(128, 128)
-    types = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
+    types = ["*bf16", "*bf16", "*bf16", "*fp32", a_type, "*bf16", "*bf16", "*i32", "*i32",
              "i32:16", "i32:16", "i32:16", "i32:16"]
     for invert in invert_modes:  # wy_fwd, wy_apply
+        print(f"Triton _wy_kernel INVERT={invert} A_inv {a_type[1:]}")
         report(_wy_kernel, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"],
                                    "BV": cfg["BV"], "PREC": "tf32",
                                    "DOT16": bool(cfg["dot16"]), "INVERT": invert},
@@ -392,7 +424,7 @@ if __name__ == "__main__":
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
              "gluon_grads": gluon_grads_reports, "gluon_state_bwd": gluon_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
-             "gluon_dv_local": gluon_dv_local_reports}
+             "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)

@@ -1,5 +1,8 @@
 """Stage 2, the WY representation, in Gluon for Hopper (sm_90a): opt-in, K = V = 128, 16-bit.
 
+Two kernels: :func:`wy_fwd_gluon` (A, its inverse, W, U) and :func:`wy_apply_gluon` (the
+backward's W, U from the stored inverse, no inversion; below, after the forward).
+
 Same math, arguments and results as :func:`gdn_core.ops.wy.wy_fwd` (a drop-in)::
 
     A_ij  = β_i (k_i·k_j) exp(G_i − G_j)     i > j, i < n, else 0
@@ -38,9 +41,11 @@ every intermediate in shared memory and writes ``A_inv`` once, at the end.
      operands loaded from the shared ``A`` and ``X`` tiles; the upper blocks of
      ``X`` are zeros written at the start.
 4. ``A_inv`` stored from the shared ``X`` (rows < n, 16-byte stores), rounded to
-   16 bits into an NVMMA tile, and ``W = A_inv16 · Y_K``, ``U = A_inv16 · Y_V`` as
-   two asynchronous ``warpgroup_mma`` (64×128, K = 64, both operands in shared
-   memory), converted to a 16-byte-store layout and stored for rows < n.
+   16 bits into an NVMMA tile, and ``W = A_inv16 · Y_K``, then ``U = A_inv16 · Y_V``
+   (:func:`_wu_products`: one ``warpgroup_mma`` each, 64×128, K = 64, both operands in
+   shared memory; one accumulator live at a time), each rounded into its operand's
+   spent tile and stored from there: a TMA store of the whole tile for a full chunk,
+   16-byte masked stores of rows < n for a short one (:func:`_store_rows`).
 
 Rows ≥ n (the last chunk of a document): TMA reads whole 64-row tiles, so K's and
 V's rows ≥ n hold the next document's rows (zeros past ``T``). They reach only
@@ -68,13 +73,41 @@ Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on o
 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_wy``,
 bf16, group 1 and 2 alike)::
 
-    warps=4 (the launcher's): 168 registers, 0 spills, 69,904 B shared, 2,928 SASS
-    warps=8:                  163 registers, 0 spills, 69,904 B shared, 2,168 SASS
+    warps=4 (the launcher's): 168 registers, 0 spills, 69,904 B shared, 3,008 SASS
+    warps=8:                  165 registers, 0 spills, 69,904 B shared, 2,232 SASS
                               (one CTA per SM by registers: for comparison only)
+
+(2,928 / 2,168 SASS and 163 registers at 8 warps before the W/U epilogue became
+:func:`_wu_products`, shared with the apply kernel.)
 
 against the Triton ``_wy_kernel`` (inverting, 8 warps): 100 registers, 0 spills,
 16,384 B shared, 1,776 SASS instructions. The PTX has 16 ``wgmma.mma_async`` (K Kᵀ
 and the two A_inv products), 745 ``fma.rn.f32``, 37 ``bar.sync``.
+
+The apply kernel (:func:`wy_apply_gluon`; same arguments and results as
+:func:`gdn_core.ops.wy.wy_apply`), one CTA per (chunk, value head), one warpgroup: the
+three TMA loads issued first (K at ``(bos, head·K)`` of ``[T, H·K]``, V of ``[T, HV·V]``,
+the 16-bit ``A_inv`` at ``(bos, hv·64)`` of ``[T, HV·64]``: ``inverse_for_backward``'s
+copy read in place; an fp32 one is rounded to 16 bits on the host, the rounding the
+Triton kernel applies before its 16-bit dot), β and G (rows ≥ n read 0) while they fly;
+then the forward's own code for the rest: the W/U operands in place in K's and V's tiles
+(:func:`_scale_rows`: rows ≥ n, the next document's or TMA's zeros past ``T``, selected
+to 0 before any product, so a NaN there cannot reach ``0 · NaN``) and the two products
+and stores (:func:`_wu_products`). ``A_inv``'s rows ≥ n (the next chunk's) are not
+zeroed: row ``i`` of a product reads row ``i`` of ``A_inv`` only, and rows ≥ n are
+never stored. Memory-bound (K, V, A_inv read; W, U written): 40,984 B of shared memory
+and 102 registers × 128 threads, so four CTAs per SM (160 KiB of loads in flight per
+SM). Compiled, not yet run (``tools/sm90_report.py gluon_wy_apply``, bf16, group 1 and 2
+alike)::
+
+    warps=4 (the launcher's):  102 registers, 0 spills, 40,984 B shared, 1,144 SASS
+    warps=4, maxnreg=96:        96 registers, 0 spills (five CTAs per SM; a probe option)
+    warps=8:                    62 registers, 0 spills, 40,984 B shared,   696 SASS
+
+against the Triton ``_wy_kernel`` non-inverting on the bf16 ``A_inv`` (8 warps): 48
+registers, 0 spills, 16,384 B shared, 392 SASS. With both products in flight at once
+(the accumulators live together) the apply kernel took 154 registers (three CTAs per
+SM): hence one at a time.
 """
 
 from __future__ import annotations
@@ -85,7 +118,8 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
-__all__ = ["GLUON_WY_WARPS", "gluon_wy_supported", "wy_fwd_gluon"]
+__all__ = ["GLUON_WY_APPLY_WARPS", "GLUON_WY_WARPS", "gluon_wy_apply_supported",
+           "gluon_wy_supported", "wy_apply_gluon", "wy_fwd_gluon"]
 
 try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must not fail
     from triton.experimental import gluon
@@ -112,6 +146,11 @@ except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not avail
 #: Warps of the kernel (one warpgroup; 8 = two warpgroups splitting the wgmma columns,
 #: the inverse replicated in both).
 GLUON_WY_WARPS = 4
+#: Warps of the apply kernel (one warpgroup; 8 = two, each taking 64 of the 128 columns).
+GLUON_WY_APPLY_WARPS = 4
+#: ptxas register cap of the apply kernel (None: ptxas's choice, 102 at 4 warps, four CTAs
+#: per SM; 96 compiles without spills and fits five, as shared memory does: a probe option).
+GLUON_WY_APPLY_MAXNREG: int | None = None
 _BT, _K, _V = 64, 128, 128
 
 
@@ -124,9 +163,67 @@ def _fma_pair(a_l, b_l, x2_s, z, op_a: gl.constexpr, op_b: gl.constexpr):
 
 
 @gluon.jit
+def _scale_rows(x_s, s, n, IO: gl.constexpr):
+    """The W/U operand in place: ``x_s`` (a ``[64, D]`` 16-bit tile as TMA read it) ←
+    ``diag(s) x_s``, the fp32 product rounded once to 16 bits (as the Triton kernel's
+    16-bit dot rounds it); rows ≥ ``n`` (the next document's, or TMA's zeros past ``T``)
+    set to 0 by a select, so a non-finite row there never reaches ``0 · NaN``.
+    ``s``: ``[64]`` fp32 (any layout; 0 past ``n``)."""
+    BT: gl.constexpr = x_s.shape[0]
+    r = gl.arange(0, BT, layout=gl.SliceLayout(1, IO))
+    x = x_s.load(IO).to(gl.float32) * gl.convert_layout(s, gl.SliceLayout(1, IO))[:, None]
+    x_s.store(gl.where((r < n)[:, None], x, 0.0).to(x_s.dtype))
+
+
+@gluon.jit
+def _store_rows(acc, o_s, o_desc, O, bos, col, n, RS, IO: gl.constexpr):
+    """Store the ``[64, D]`` fp32 product ``acc`` (rounded to ``O``'s 16-bit type) at rows
+    ``bos + [0, n)``, columns ``col + [0, D)`` of the ``[T, RS]`` output ``O``, through
+    ``o_s`` (its operand tile, spent: the caller has waited for the product): a TMA store
+    of the whole tile when ``n = 64``, else 16-byte masked stores of rows < n from the
+    tile (the rows past ``n`` are the next chunk's, another CTA's). The caller waits for
+    the TMA store (``tma.store_wait``) before the CTA exits."""
+    BT: gl.constexpr = o_s.shape[0]
+    D: gl.constexpr = o_s.shape[1]
+    gl.thread_barrier()  # every warpgroup's product has read o_s
+    o_s.store(acc.to(o_s.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    if n == BT:
+        tma.async_copy_shared_to_global(o_desc, [bos, col], o_s)
+    else:
+        r = gl.arange(0, BT, layout=gl.SliceLayout(1, IO))
+        c = gl.arange(0, D, layout=gl.SliceLayout(0, IO))
+        offs = (bos + r).to(gl.int64)[:, None] * RS + (col + c)[None, :]
+        gl.store(O + offs, o_s.load(IO), mask=(r < n)[:, None] & (c < D)[None, :])
+
+
+@gluon.jit
+def _wu_products(a_s, k_s, v_s, w_desc, u_desc, W, U, bos, i_hv, HV, n, K: gl.constexpr,
+                 V: gl.constexpr, IO: gl.constexpr, L: gl.constexpr):
+    """``W = A_inv · Y_K`` and ``U = A_inv · Y_V`` of one chunk and their stores (rows < n):
+    ``a_s`` the ``[64, 64]`` 16-bit ``A_inv`` (NVMMA), ``k_s``/``v_s`` the W/U operands
+    (:func:`_scale_rows`, fenced); two asynchronous ``warpgroup_mma`` (64×128, K = 64,
+    fp32 accumulators in layout ``L``), then each result through its operand's tile
+    (:func:`_store_rows`); returns once the TMA stores have read the tiles."""
+    BT: gl.constexpr = a_s.shape[0]
+    w = warpgroup_mma(a_s, k_s, gl.zeros([BT, K], gl.float32, L), use_acc=False,
+                      is_async=True)
+    w = warpgroup_mma_wait(0, deps=[w, a_s, k_s])[0]
+    _store_rows(w, k_s, w_desc, W, bos, i_hv * K, n, HV * K, IO)
+    u = warpgroup_mma(a_s, v_s, gl.zeros([BT, V], gl.float32, L), use_acc=False,
+                      is_async=True)
+    u = warpgroup_mma_wait(0, deps=[u, a_s, v_s])[0]
+    _store_rows(u, v_s, u_desc, U, bos, i_hv * V, n, HV * V, IO)
+    tma.store_wait(0)
+
+
+@gluon.jit
 def _wy_fwd_gluon_kernel(
     k_desc,
     v_desc,
+    w_desc,
+    u_desc,
     beta,
     G,
     A_inv,
@@ -220,14 +317,9 @@ def _wy_fwd_gluon_kernel(
     for b in gl.static_range(4):
         d_s.reshape([64, 16]).slice(16 * b, 16, 0).store(
             a_s.slice(16 * b, 16, 0).slice(16 * b, 16, 1).load(M16))
-    rio = gl.arange(0, BT, layout=gl.SliceLayout(1, IO))
-    sk = gl.convert_layout(b_r * gl.exp(g_r), gl.SliceLayout(1, IO))
-    kt = k_s.load(IO).to(gl.float32) * sk[:, None]
-    k_s.store(gl.where((rio < n)[:, None], kt, 0.0).to(dtype))
+    _scale_rows(k_s, b_r * gl.exp(g_r), n, IO)
     mbarrier.wait(bars.index(1), 0)
-    sv = gl.convert_layout(b_r, gl.SliceLayout(1, IO))
-    vt = v_s.load(IO).to(gl.float32) * sv[:, None]
-    v_s.store(gl.where((rio < n)[:, None], vt, 0.0).to(dtype))
+    _scale_rows(v_s, b_r, n, IO)
     gl.thread_barrier()
 
     # --- X_b = (I + a_b)^{-1}, transposed, the four blocks together: 15 dependent steps
@@ -279,21 +371,81 @@ def _wy_fwd_gluon_kernel(
     gl.thread_barrier()
 
     # --- W = A_inv diag(βe^G) K, U = A_inv diag(β) V
-    w = warpgroup_mma(x16_s, k_s, gl.zeros([BT, K], gl.float32, L128), use_acc=False,
-                      is_async=True)
-    u = warpgroup_mma(x16_s, v_s, gl.zeros([BT, V], gl.float32, L128), use_acc=False,
-                      is_async=True)
-    orow = gl.arange(0, BT, layout=gl.SliceLayout(1, IO))
-    ocol = gl.arange(0, K, layout=gl.SliceLayout(0, IO))
-    omask = (orow[:, None] < n) & (ocol[None, :] < K)
-    w = warpgroup_mma_wait(1, deps=[w, x16_s, k_s])[0]
-    gl.store(W + p_s * K + orow[:, None] * (HV * K) + ocol[None, :],
-             gl.convert_layout(w.to(dtype), IO), mask=omask)
-    u = warpgroup_mma_wait(0, deps=[u, x16_s, v_s])[0]
-    gl.store(U + p_s * V + orow[:, None] * (HV * V) + ocol[None, :],
-             gl.convert_layout(u.to(dtype), IO), mask=omask)
-
+    _wu_products(x16_s, k_s, v_s, w_desc, u_desc, W, U, bos, i_hv, HV, n, K, V, IO, L128)
     for i in gl.static_range(2):
+        mbarrier.invalidate(bars.index(i))
+
+
+@gluon.jit
+def _wy_apply_gluon_kernel(
+    k_desc,
+    v_desc,
+    w_desc,
+    u_desc,
+    a_desc,
+    beta,
+    G,
+    W,
+    U,
+    chunk_start,
+    chunk_len,
+    HV,
+    GROUP: gl.constexpr,
+    K: gl.constexpr,
+    V: gl.constexpr,
+    BT: gl.constexpr,
+):
+    """``W, U`` of one (chunk, value head) from the stored 16-bit ``A_inv`` (no inversion):
+    the three TMA loads up front, the W/U operands in place, the two products and stores
+    shared with :func:`_wy_fwd_gluon_kernel` (:func:`_scale_rows`, :func:`_wu_products`)."""
+    gl.static_assert(BT == 64)
+    i_c = gl.program_id(0)
+    i_hv = gl.program_id(1)
+    i_h = i_hv // GROUP
+    bos = gl.load(chunk_start + i_c)
+    n = gl.load(chunk_len + i_c)
+    dtype: gl.constexpr = k_desc.dtype
+    NW: gl.constexpr = gl.num_warps()
+    WG: gl.constexpr = NW // 4
+    L128: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, V // WG, 16])
+    IO: gl.constexpr = gl.BlockedLayout(  # [64, 128] 16-bit: 16-byte accesses
+        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[NW, 1], order=[1, 0])
+
+    k_s = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)  # K, diag(βe^G) K, then W
+    v_s = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)  # V, diag(β) V, then U
+    a_s = gl.allocate_shared_memory(dtype, [BT, BT], a_desc.layout)  # A_inv (16-bit)
+    bars = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(3):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+
+    # --- every load up front: K, V (the order of use), A_inv
+    mbarrier.expect(bars.index(0), k_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bars.index(0), k_s)
+    mbarrier.expect(bars.index(1), v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bars.index(1), v_s)
+    mbarrier.expect(bars.index(2), a_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [bos, i_hv * BT], bars.index(2), a_s)
+
+    # --- G, β of the chunk (rows >= n read 0), in the operand tiles' row layout
+    rows = gl.arange(0, BT, layout=gl.SliceLayout(1, IO))
+    p_s = bos.to(gl.int64) * HV + i_hv
+    g = gl.load(G + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+    b = gl.load(beta + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+
+    # --- the W/U operands over K's and V's tiles (rows >= n selected to 0)
+    mbarrier.wait(bars.index(0), 0)
+    _scale_rows(k_s, b * gl.exp(g), n, IO)
+    mbarrier.wait(bars.index(1), 0)
+    _scale_rows(v_s, b, n, IO)
+    fence_async_shared()
+    gl.thread_barrier()
+
+    # --- W = A_inv diag(βe^G) K, U = A_inv diag(β) V
+    mbarrier.wait(bars.index(2), 0)
+    _wu_products(a_s, k_s, v_s, w_desc, u_desc, W, U, bos, i_hv, HV, n, K, V, IO, L128)
+    for i in gl.static_range(3):
         mbarrier.invalidate(bars.index(i))
 
 
@@ -302,6 +454,15 @@ def gluon_wy_supported(k: torch.Tensor, v: torch.Tensor, index: ChunkIndex) -> b
     checked, nor beta/G): K = V = 128, chunks of 64, k and v of one 16-bit dtype."""
     return (k.shape[-1] == _K and v.shape[-1] == _V and index.chunk_size == _BT
             and k.dtype in (torch.bfloat16, torch.float16) and v.dtype == k.dtype)
+
+
+def gluon_wy_apply_supported(k: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor,
+                             index: ChunkIndex) -> bool:
+    """Whether :func:`wy_apply_gluon` serves these shapes and dtypes (the device is not
+    checked, nor beta/G): what :func:`gluon_wy_supported` serves, with ``A_inv`` in k's
+    16-bit dtype (:func:`~gdn_core.ops.wy.inverse_for_backward`'s copy, the backward's)
+    or fp32 (rounded to k's dtype on the host, as the Triton kernel rounds it)."""
+    return gluon_wy_supported(k, v, index) and A_inv.dtype in (k.dtype, torch.float32)
 
 
 def _require_gluon_sm90(device: torch.device) -> None:
@@ -314,6 +475,43 @@ def _require_gluon_sm90(device: torch.device) -> None:
     if cap != (9, 0):
         raise RuntimeError(f"the Gluon WY kernel is compiled for sm_90a only, device {device} "
                            f"is sm_{cap[0]}{cap[1]}")
+
+
+def _check_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: torch.Tensor,
+                  index: ChunkIndex, group: int) -> None:
+    """The checks both launchers make (``ValueError``), then the device's
+    (``RuntimeError``): see :func:`wy_fwd_gluon`'s Raises."""
+    T, H, K = k.shape
+    HV, V = v.shape[1], v.shape[2]
+    if (v.shape[0] != T or HV != H * group or tuple(beta.shape) != (T, HV)
+            or tuple(G.shape) != (T, HV) or T != index.total_tokens):
+        raise ValueError(
+            f"shape mismatch: k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}, "
+            f"G {tuple(G.shape)}, group {group}, tokens {index.total_tokens}")
+    if (K, V) != (_K, _V) or index.chunk_size != _BT:
+        raise ValueError(f"the Gluon WY kernel serves K = V = {_K} and chunks of {_BT}, got "
+                         f"K={K}, V={V}, chunk size {index.chunk_size}")
+    if k.dtype not in (torch.bfloat16, torch.float16) or v.dtype != k.dtype:
+        raise ValueError(f"the Gluon WY kernel takes k and v in one 16-bit dtype, got "
+                         f"{k.dtype}, {v.dtype}")
+    if T >= 2**31:
+        raise ValueError(f"T={T} exceeds TMA's int32 coordinates")
+
+
+def _descriptors(k: torch.Tensor, v: torch.Tensor, W: torch.Tensor, U: torch.Tensor) -> dict:
+    """TMA descriptors of both kernels' ``[64, 128]`` tiles: K of the ``[T, H·K]`` view, V
+    of ``[T, HV·V]`` (a packed-head view in place, :func:`~gdn_core.ops.gluon.tma.rows_view`),
+    and the outputs W, U (``[T, HV·128]``, contiguous: TMA stores of whole chunks)."""
+    return dict(k_desc=descriptor(rows_view(k), [_BT, _K]),
+                v_desc=descriptor(rows_view(v), [_BT, _V]),
+                w_desc=descriptor(rows_view(W), [_BT, _K]),
+                u_desc=descriptor(rows_view(U), [_BT, _V]))
+
+
+def _small_inputs(beta: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``beta`` contiguous (any float dtype, read as fp32) and ``G`` contiguous fp32."""
+    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
+    return beta.contiguous(), G
 
 
 @launcher(uses_atomics=False, kernels=(_wy_fwd_gluon_kernel,))
@@ -351,34 +549,77 @@ def wy_fwd_gluon(
             TMA's int32 coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
-    T, H, K = k.shape
-    HV, V = v.shape[1], v.shape[2]
-    if (v.shape[0] != T or HV != H * group or tuple(beta.shape) != (T, HV)
-            or tuple(G.shape) != (T, HV) or T != index.total_tokens):
-        raise ValueError(
-            f"shape mismatch: k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}, "
-            f"G {tuple(G.shape)}, group {group}, tokens {index.total_tokens}")
-    if (K, V) != (_K, _V) or index.chunk_size != _BT:
-        raise ValueError(f"the Gluon WY kernel serves K = V = {_K} and chunks of {_BT}, got "
-                         f"K={K}, V={V}, chunk size {index.chunk_size}")
-    if k.dtype not in (torch.bfloat16, torch.float16) or v.dtype != k.dtype:
-        raise ValueError(f"the Gluon WY kernel takes k and v in one 16-bit dtype, got "
-                         f"{k.dtype}, {v.dtype}")
-    if T >= 2**31:
-        raise ValueError(f"T={T} exceeds TMA's int32 coordinates")
+    _check_inputs(k, v, beta, G, index, group)
     _require_gluon_sm90(k.device)
+    T, HV = k.shape[0], v.shape[1]
     dev = k.device
-    W = torch.empty(T, HV, K, dtype=k.dtype, device=dev)
-    U = torch.empty(T, HV, V, dtype=v.dtype, device=dev)
+    W = torch.empty(T, HV, _K, dtype=k.dtype, device=dev)
+    U = torch.empty(T, HV, _V, dtype=v.dtype, device=dev)
     A_inv = torch.empty(T if output_A_inv else 0, HV, _BT, dtype=torch.float32, device=dev)
     if index.num_chunks == 0 or HV == 0 or T == 0:
         return (A_inv if output_A_inv else None), W, U
-    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
-    beta = beta.contiguous()
-    k_desc = descriptor(rows_view(k), [_BT, K])
-    v_desc = descriptor(rows_view(v), [_BT, V])
+    beta, G = _small_inputs(beta, G)
     _wy_fwd_gluon_kernel[(index.num_chunks, HV)](
-        k_desc, v_desc, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, HV,
-        GROUP=group, K=K, V=V, BT=_BT, STORE_A=output_A_inv, num_warps=GLUON_WY_WARPS,
+        **_descriptors(k, v, W, U), beta=beta, G=G, A_inv=A_inv, W=W, U=U,
+        chunk_start=index.chunk_start, chunk_len=index.chunk_len, HV=HV,
+        GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=output_A_inv, num_warps=GLUON_WY_WARPS,
     )
     return (A_inv if output_A_inv else None), W, U
+
+
+@launcher(uses_atomics=False, kernels=(_wy_apply_gluon_kernel,))
+def wy_apply_gluon(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    G: torch.Tensor,
+    A_inv: torch.Tensor,
+    index: ChunkIndex,
+    group: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``W, U`` of every chunk from a stored ``A_inv``, by the Gluon kernel (opt-in; the
+    Triton :func:`gdn_core.ops.wy.wy_apply` is the default, with the same arguments and
+    results; the backward's recompute).
+
+    Args:
+        k, v, beta, G, index, group: as :func:`wy_fwd_gluon` (``k``/``v`` 16-bit, K = V =
+            128, chunks of 64).
+        A_inv: ``[T, HV, 64]`` the chunks' inverses (:func:`wy_fwd_gluon`'s or
+            :func:`~gdn_core.ops.wy.wy_fwd`'s), in k's dtype
+            (:func:`~gdn_core.ops.wy.inverse_for_backward`, the backward's, read in place
+            through TMA) or fp32 (rounded to k's dtype first, as the Triton kernel rounds
+            it before its 16-bit dot: the same operand bits). Rows past a chunk's length
+            are not read into any stored row; columns past it must be 0 (they are, in
+            either forward's inverse).
+
+    Returns:
+        ``(W, U)``: ``W: [T, HV, 128]`` in k's dtype, ``U: [T, HV, 128]`` in v's dtype;
+        within rounding of, not bitwise equal to, :func:`~gdn_core.ops.wy.wy_apply`'s
+        (other accumulation orders in the tensor-core products), deterministic.
+
+    Raises:
+        ValueError: what :func:`wy_fwd_gluon` raises, or ``A_inv`` not ``[T, HV, 64]`` in
+            k's dtype or fp32.
+        RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
+    """
+    T, HV = k.shape[0], v.shape[1]
+    if tuple(A_inv.shape) != (T, HV, _BT) or A_inv.dtype not in (k.dtype, torch.float32):
+        raise ValueError(f"A_inv must be [T, HV, {_BT}] = {(T, HV, _BT)} in {k.dtype} or "
+                         f"torch.float32, got {tuple(A_inv.shape)} {A_inv.dtype}")
+    _check_inputs(k, v, beta, G, index, group)
+    _require_gluon_sm90(k.device)
+    dev = k.device
+    W = torch.empty(T, HV, _K, dtype=k.dtype, device=dev)
+    U = torch.empty(T, HV, _V, dtype=v.dtype, device=dev)
+    if index.num_chunks == 0 or HV == 0 or T == 0:
+        return W, U
+    beta, G = _small_inputs(beta, G)
+    if A_inv.dtype != k.dtype:
+        A_inv = A_inv.to(k.dtype)
+    _wy_apply_gluon_kernel[(index.num_chunks, HV)](
+        **_descriptors(k, v, W, U), a_desc=descriptor(rows_view(A_inv), [_BT, _BT]),
+        beta=beta, G=G, W=W, U=U, chunk_start=index.chunk_start, chunk_len=index.chunk_len,
+        HV=HV, GROUP=group, K=_K, V=_V, BT=_BT, num_warps=GLUON_WY_APPLY_WARPS,
+        maxnreg=GLUON_WY_APPLY_MAXNREG,
+    )
+    return W, U
