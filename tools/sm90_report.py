@@ -15,7 +15,9 @@ K=V=128, the pinned configuration, one value head per q/k head);
 ``... tools/sm90_report.py gluon`` the Gluon chunk-output kernel (needs Triton 3.6's
 Gluon; bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py gluon_grads`` the Gluon
 chunk-gradient kernel (bf16, K=V=128, group 1 with bf16 ``dq``/``dk`` and group 2 with
-fp32 partials, 8 warps and 4); ``... tools/sm90_report.py gluon_state_bwd`` the Gluon
+fp32 partials, 8 warps and 4); ``... tools/sm90_report.py gluon_grads2`` the persistent
+(next-tile-prefetching) Gluon chunk-gradient kernel beside that one (the same shapes, 8
+warps); ``... tools/sm90_report.py gluon_state_bwd`` the Gluon
 reverse state recurrence (bf16, K=V=128, group 1 and 2, BV 128 / 8 warps and 64 / 4 warps)
 next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration);
 ``... tools/sm90_report.py gluon_wy`` the Gluon WY kernel (bf16, K=V=128, group 1 and 2,
@@ -170,6 +172,37 @@ def gluon_grads_reports() -> None:
             print(f"H={H} HV={HV} dq/dk {out.dtype}")
             report_gluon(gc._chunk_grads_bwd_gluon_kernel, args,
                          dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
+
+
+def gluon_grads2_reports() -> None:
+    """The persistent Gluon chunk-gradient kernel
+    (:mod:`gdn_core.ops.gluon.chunk_grads_pipelined`) beside the one-tile-a-CTA kernel it
+    pipelines (:mod:`gdn_core.ops.gluon.chunk_grads`), as their launchers build them:
+    bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded into bf16)
+    and H = 8, HV = 16 (group 2, fp32 partials), 8 warps."""
+    import torch
+    from gdn_core.ops.gluon import chunk_grads as gc
+    from gdn_core.ops.gluon import chunk_grads_pipelined as gp
+
+    T, NT, K = 1024, 16, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        v = torch.zeros(T, HV, K, dtype=bf)
+        h = torch.zeros(NT, HV, K, K, dtype=bf)
+        a = torch.zeros(T, HV, 64, dtype=bf)
+        out = torch.zeros(T, HV, K, dtype=bf if H == HV else torch.float32)
+        i32 = torch.zeros(NT, dtype=torch.int32)
+        args = dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
+                    beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
+                    dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
+                    chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+        meta = dict(GROUP=HV // H, K=K, V=K, BT=64)
+        print(f"H={H} HV={HV} dq/dk {out.dtype}")
+        report_gluon(gc._chunk_grads_bwd_gluon_kernel, args, meta,
+                     num_warps=gc.GLUON_CHUNK_GRADS_WARPS)
+        report_gluon(gp._chunk_grads_bwd_gluon_pipelined_kernel, dict(args, n_tiles=NT * HV),
+                     meta, num_warps=gp.GLUON_CHUNK_GRADS_PIPELINED_WARPS)
 
 
 def gluon_state_reports() -> None:
@@ -422,7 +455,8 @@ if __name__ == "__main__":
     import sys
 
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
-             "gluon_grads": gluon_grads_reports, "gluon_state_bwd": gluon_state_bwd_reports,
+             "gluon_grads": gluon_grads_reports, "gluon_grads2": gluon_grads2_reports,
+             "gluon_state_bwd": gluon_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
