@@ -46,7 +46,10 @@ step1() {
   done
   local s5="B1,T4096,H16;B1,T8192,H16;B1,T32768,H16;B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
   e2e off "" "$s5"; e2e all all "$s5"
-  for st in output grads wy state state_bwd; do e2e "$st" "$st" "B1,T32768,H16,D8;B1,T8192,H16"; done
+  for st in output grads grads2 wy wy_apply state state_bwd dv_local; do
+    e2e "$st" "$st" "B1,T32768,H16,D8;B1,T8192,H16"
+  done
+  GDN_CORE_BWD_SLAB_TOKENS=8192 e2e "slab8192+all" all "$s5"
   e2e off2 "" "$s5"
   for m in off all; do
     local g=""; [[ $m == all ]] && g=all

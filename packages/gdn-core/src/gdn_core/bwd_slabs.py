@@ -128,7 +128,8 @@ def finish_in_slabs(bst: Any, slabs: tuple[Slab, ...], D: torch.Tensor | None,
     for s in slabs:
         rows, units = slice(s.t0, s.t1), slice(s.u0, s.u1)
         kj, vj, Gj, Aj = k[rows], v[rows], G[rows], A_inv[rows]
-        W, U = wy_apply(kj, vj, beta[rows], Gj, Aj, s.index, group)
+        apply = gluon.pick("wy_apply", wy_apply, kj, vj, Aj, s.index)
+        W, U = apply(kj, vj, beta[rows], Gj, Aj, s.index, group)
         rec = Recomputed(W, None, None)
         del W
         state = gluon.pick("state", chunk_state_fwd, kj, rec.W, U, s.index)

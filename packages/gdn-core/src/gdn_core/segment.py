@@ -765,7 +765,8 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         return bst  # the last phase recomputes everything slab by slab
     if saved.A_inv is not None:
         bst.A_inv = saved.A_inv
-        bst.W, U = wy_apply(k, v, beta, G, saved.A_inv, index, group)
+        apply = gluon.pick("wy_apply", wy_apply, k, v, saved.A_inv, index)
+        bst.W, U = apply(k, v, beta, G, saved.A_inv, index, group)
     else:
         bst.A_inv, bst.W, U = gluon.pick("wy", wy_fwd, k, v, index)(k, v, beta, G, index, group)
     if bst.slabs is None:
@@ -773,7 +774,8 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
                                     output_final_state=False, store_states=True)
     del U  # spent: v_new holds what the backward needs of it
-    bst.dv_local = dv_local_bwd(q, k, G, bst.do_flat, saved.scale, index, group,
+    dv_local = gluon.pick("dv_local", dv_local_bwd, q, bst.do_flat, index)
+    bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
                                 out=ws["dv_local"])
     if need:
         D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)

@@ -366,7 +366,8 @@ def backward_from_recompute(
     )
 
     if dv_local is None:
-        dv_local = dv_local_bwd(q, k, G, do, scale, index, group, out=ws["dv_local"])
+        dv_local = gluon.pick("dv_local", dv_local_bwd, q, do, index)(
+            q, k, G, do, scale, index, group, out=ws["dv_local"])
     state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, rec.W, do, dv_local, index)
     dh, dvp, dh0 = state_bwd(
         q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
@@ -380,7 +381,8 @@ def backward_from_recompute(
                           for x in (q, k))
     else:
         dq_out, dk_out = ws["dq_part"], ws["dk_part"]
-    grads = gluon.pick("grads", chunk_grads_bwd, q, v, A_inv, index)
+    probe = (q, v, A_inv, index)
+    grads = gluon.pick("grads2", gluon.pick("grads", chunk_grads_bwd, *probe), *probe)
     dq_part, dk_part, dv, dbeta, dg = grads(
         q, k, v, rec.v_new, rec.h, dh, do, dvp, G, beta, A_inv, scale, index, group, g_dtype,
         dq=dq_out, dk=dk_out,
@@ -446,7 +448,8 @@ def chunk_gdn_backward(
     if A_inv is None:
         A_inv, W, U = gluon.pick("wy", wy_fwd, k, v, index)(k, v, beta, G, index, group)
     else:
-        W, U = wy_apply(k, v, beta, G, A_inv, index, group)
+        W, U = gluon.pick("wy_apply", wy_apply, k, v, A_inv, index)(
+            k, v, beta, G, A_inv, index, group)
     rec = Recomputed(W, None, None)
     del W  # the backward frees W, h and v_new as it spends them: no other reference
     rec.h, rec.v_new, _ = gluon.pick("state", chunk_state_fwd, k, rec.W, U, index)(

@@ -1,11 +1,13 @@
 """Kernels in Gluon (``triton.experimental.gluon``, Triton 3.6's Hopper API), opt-in.
 
 The pipeline runs them only when asked: the environment variable ``GDN_CORE_GLUON``
-names the stages (the keys of :data:`STAGES`: ``output``, ``grads``, ``wy``, ``state``,
-``state_bwd``; comma-separated, or ``all``) whose Gluon kernel replaces the Triton one
-where it serves the call; :func:`pick` chooses, elsewhere the Triton kernel runs, and a
-profile or ``record_launches`` shows which ran. A caller may also use a launcher
-directly (``gdn_core.ops.gluon.<module>.<launcher>``, :data:`STAGES` names them).
+names the stages (the keys of :data:`STAGES`: ``output``, ``grads``, ``grads2``, ``wy``,
+``wy_apply``, ``state``, ``state_bwd``, ``dv_local``; comma-separated, or ``all``) whose
+Gluon kernel replaces the Triton one where it serves the call (``grads2``, the persistent
+chunk-gradient kernel, supersedes ``grads``' kernel where both are asked for).
+:func:`pick` chooses; elsewhere the Triton kernel runs, and a profile or
+``record_launches`` shows which ran. A caller may also use a launcher directly
+(``gdn_core.ops.gluon.<module>.<launcher>``, :data:`STAGES` names them).
 
 The state stage replaces only the passes that walk a segment from its entry state (the
 forward, the backward's recompute); the segment summaries (the ``[E | M]`` launch and
@@ -37,6 +39,11 @@ STAGES: dict[str, tuple[str, str, str]] = {
     "wy": ("wy", "wy_fwd_gluon", "gluon_wy_supported"),
     "state": ("chunk_state", "chunk_state_fwd_gluon", "gluon_chunk_state_supported"),
     "state_bwd": ("chunk_state_bwd", "chunk_state_bwd_gluon", "gluon_state_bwd_supported"),
+    "wy_apply": ("wy", "wy_apply_gluon", "gluon_wy_apply_supported"),
+    "dv_local": ("dv_local", "dv_local_bwd_gluon", "gluon_dv_local_supported"),
+    # the persistent chunk-gradient kernel; asked for, it replaces "grads"' kernel
+    "grads2": ("chunk_grads_pipelined", "chunk_grads_bwd_gluon_pipelined",
+               "gluon_chunk_grads_pipelined_supported"),
 }
 
 
