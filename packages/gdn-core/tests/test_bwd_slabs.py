@@ -46,18 +46,20 @@ def _run(ins, offs, S, l2, h0, dht):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("lengths,H,HV,S,l2,h0,dht,slab", [
-    ([300, 1, 40, 329], 1, 2, 128, True, True, True, 128),   # long docs: the fold, slabs
-    ([300, 1, 40, 329], 1, 2, 128, True, True, True, 500),   # fewer, uneven slabs
-    ([200, 70, 5, 130], 2, 4, 64, False, False, False, 64),  # GQA (dq partials), no states
-    ([90, 33, 64, 1, 100], 1, 1, 0, True, False, True, 100),  # the plain path (packed docs)
+@pytest.mark.parametrize("lengths,H,HV,S,l2,h0,dht,slab,half", [
+    ([300, 1, 40, 329], 1, 2, 128, True, True, True, 128, False),   # long docs: the fold
+    ([300, 1, 40, 329], 1, 2, 128, True, True, True, 500, True),    # fewer, uneven slabs
+    ([200, 70, 5, 130], 2, 4, 64, False, False, False, 64, False),  # GQA (dq partials)
+    ([90, 33, 64, 1, 100], 1, 1, 0, True, False, True, 100, True),  # the plain path
 ])
 def test_slabs_give_the_whole_calls_bits(monkeypatch, device, lengths, H, HV, S, l2, h0, dht,
-                                         slab):
+                                         slab, half):
+    """``half``: 16-bit inputs (fp16 under the interpreter), so the outputs' rounding is
+    checked too (the L2-norm backward rounds into the slab's rows in its kernel)."""
     offs = [0]
     for n in lengths:
         offs.append(offs[-1] + n)
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16 if half else torch.float32
     K = 16 if device == "cpu" else 128
     ins = _inputs(lengths, H, HV, K, dtype, device)
     monkeypatch.delenv(bwd_slabs.SLAB_ENV, raising=False)

@@ -140,17 +140,21 @@ def finish_in_slabs(bst: Any, slabs: tuple[Slab, ...], D: torch.Tensor | None,
         )
         del U
         Dj = None if D is None else D[units]
-        dqj, dkj, dvj, dgj, dbj, dh0j = backward_from_recompute(
+        out = (dq[rows], dk[rows], dv[rows], dg[rows], dbeta[rows])
+        dqj, dkj, _, _, _, dh0j = backward_from_recompute(
             q[rows], kj, vj, beta[rows], Gj, Aj, rec, scale=saved.scale, index=s.index,
             do=bst.do_flat[rows], dht=Dj, g_dtype=saved.g.dtype,
             deterministic=bst.deterministic, dqk_dtype=torch.float32 if l2 else None,
-            num_docs=s.u1 - s.u0, dh0=Dj if reuse else None,
-        )
-        if l2:
-            dqj = l2norm_bwd(q[rows], saved.q_rstd[rows], dqj)
-            dkj = l2norm_bwd(kj, saved.k_rstd[rows], dkj)
-        dq[rows], dk[rows], dv[rows], dg[rows], dbeta[rows] = dqj, dkj, dvj, dgj, dbj
-        del dqj, dkj, dvj, dgj, dbj
+            num_docs=s.u1 - s.u0, dh0=Dj if reuse else None, out=out,
+        )  # dv, dg, dbeta (and dq, dk where the kernels round them) are in out already
+        if l2:  # the fp32 gradients through the normalisation, rounded into the outputs
+            l2norm_bwd(q[rows], saved.q_rstd[rows], dqj, out=out[0])
+            l2norm_bwd(kj, saved.k_rstd[rows], dkj, out=out[1])
+        else:
+            for res, buf in zip((dqj, dkj), out[:2], strict=True):
+                if res.data_ptr() != buf.data_ptr():
+                    buf.copy_(res)  # the group reduction's result
+        del dqj, dkj
         dh0_parts.append(dh0j)
     dh0 = D if reuse else torch.cat(dh0_parts)
     return dq, dk, dv, dg, dbeta, dh0

@@ -330,6 +330,7 @@ def backward_from_recompute(
     dv_local: torch.Tensor | None = None,
     num_docs: int | None = None,
     dh0: torch.Tensor | None = None,
+    out: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Stages 1–5 given the forward's intermediates.
 
@@ -349,7 +350,11 @@ def backward_from_recompute(
     the fp32 partials, without the fp32 buffers or the reduction launches).
 
     ``dv_local``: stage 1's result when the caller already has it (the segment
-    path computes it before its first reverse pass). ``num_docs``: the document
+    path computes it before its first reverse pass). ``out``: ``(dq, dk, dv, dg, dbeta)``
+    buffers the results are written into (row slices of a whole call's outputs,
+    :mod:`gdn_core.bwd_slabs`); ``dq``/``dk`` only where the kernels round them straight
+    into their outputs (one value head per q/k head, not fp32), else the caller writes
+    them from what is returned. ``num_docs``: the document
     count the workspace is checked against (default: the index's; the segment
     path's index holds segments). ``dh0``: the buffer of that result, may be ``dht``
     (:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`).
@@ -376,7 +381,9 @@ def backward_from_recompute(
     rec.W = None
     # Outputs are allocated as late as possible, each once the tensors spent
     # before it are free (so the backward's peak holds only one of W | h, v_new).
-    if direct:
+    if direct and out is not None:
+        dq_out, dk_out = out[0], out[1]
+    elif direct:
         dq_out, dk_out = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
                           for x in (q, k))
     else:
@@ -385,7 +392,7 @@ def backward_from_recompute(
     grads = gluon.pick("grads2", gluon.pick("grads", chunk_grads_bwd, *probe), *probe)
     dq_part, dk_part, dv, dbeta, dg = grads(
         q, k, v, rec.v_new, rec.h, dh, do, dvp, G, beta, A_inv, scale, index, group, g_dtype,
-        dq=dq_out, dk=dk_out,
+        dq=dq_out, dk=dk_out, **({} if out is None else dict(dv=out[2], dg=out[3], dbeta=out[4])),
     )
     rec.h = rec.v_new = None
     if group == 1:  # the partials are the sums already (rounded into outputs if direct)

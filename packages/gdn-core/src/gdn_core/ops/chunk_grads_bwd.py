@@ -65,7 +65,7 @@ from gdn_core.ops.dv_local import dot_precision
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile, unit_last
 
-__all__ = ["chunk_grads_bwd", "chunk_grads_config"]
+__all__ = ["chunk_grads_bwd", "chunk_grads_config", "grad_outputs"]
 
 
 @triton.jit
@@ -361,6 +361,30 @@ def chunk_grads_config(K: int, V: int) -> dict:
     }
 
 
+def grad_outputs(
+    T: int, HV: int, V: int, v: torch.Tensor, beta: torch.Tensor, g_dtype: torch.dtype,
+    dv: torch.Tensor | None, dbeta: torch.Tensor | None, dg: torch.Tensor | None,
+) -> list[torch.Tensor]:
+    """The result buffers ``dv [T,HV,V]`` (v's dtype), ``dbeta [T,HV]`` (beta's) and ``dg
+    [T,HV]`` (``g_dtype``) of a chunk-gradient launcher: the caller's (e.g. row slices of
+    whole-call outputs) or fresh ones.
+
+    Raises:
+        ValueError: a given buffer of another shape or dtype, or not contiguous.
+    """
+    specs = (("dv", dv, (T, HV, V), v.dtype), ("dbeta", dbeta, (T, HV), beta.dtype),
+             ("dg", dg, (T, HV), g_dtype))
+    out = []
+    for name, buf, shape, dtype in specs:
+        if buf is None:
+            buf = torch.empty(shape, dtype=dtype, device=v.device)
+        elif tuple(buf.shape) != shape or buf.dtype != dtype or not buf.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {shape} {dtype} tensor, got "
+                             f"{tuple(buf.shape)} {buf.dtype} (contiguous={buf.is_contiguous()})")
+        out.append(buf)
+    return out
+
+
 @launcher(uses_atomics=False, kernels=(_dq_dv_kernel, _dk_kernel))
 def chunk_grads_bwd(
     q: torch.Tensor,
@@ -380,6 +404,9 @@ def chunk_grads_bwd(
     g_dtype: torch.dtype,
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+    dbeta: torch.Tensor | None = None,
+    dg: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every chunk-local gradient after the state backward (two launches).
 
@@ -411,9 +438,7 @@ def chunk_grads_bwd(
                              f"{tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
         bufs.append(buf)
     dq, dk = bufs
-    dv = torch.empty(T, HV, V, dtype=v.dtype, device=dev)
-    dbeta = torch.empty(T, HV, dtype=beta.dtype, device=dev)
-    dg = torch.empty(T, HV, dtype=g_dtype, device=dev)
+    dv, dbeta, dg = grad_outputs(T, HV, V, v, beta, g_dtype, dv, dbeta, dg)
     NT = index.num_chunks
     if NT == 0 or HV == 0:
         return dq, dk, dv, dbeta, dg

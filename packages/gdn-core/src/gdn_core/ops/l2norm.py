@@ -84,20 +84,29 @@ def l2norm_fwd(x: torch.Tensor, eps: float = L2NORM_EPS) -> tuple[torch.Tensor, 
 
 
 @launcher(uses_atomics=False, kernels=(_l2norm_bwd_kernel,))
-def l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor) -> torch.Tensor:
+def l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """Backward of :func:`l2norm_fwd`: ``dx = rstd · (dy − y (y·dy))``.
 
     Args:
         y: ``[T, H, D]`` the normalised output of the forward.
         rstd: ``[T, H]`` fp32 from the forward.
         dy: ``[T, H, D]`` gradient w.r.t. ``y``.
+        out: ``[T, H, D]`` contiguous buffer for ``dx`` (any float dtype: the kernel
+            rounds its fp32 result into it once), or ``None``.
 
     Returns:
-        ``dx: [T, H, D]`` in ``dy``'s dtype.
+        ``dx: [T, H, D]`` in ``dy``'s dtype, or ``out``.
+
+    Raises:
+        ValueError: ``out`` of another shape, or not contiguous.
     """
     y, dy, rstd = y.contiguous(), dy.contiguous(), rstd.contiguous()
     D = y.shape[-1]
-    dx = torch.empty_like(dy)
+    if out is not None and (out.shape != dy.shape or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {tuple(dy.shape)} tensor, got "
+                         f"{tuple(out.shape)} (contiguous={out.is_contiguous()})")
+    dx = torch.empty_like(dy) if out is None else out
     R = rstd.numel()
     if R == 0 or D == 0:
         return dx

@@ -78,6 +78,7 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.chunk_grads_bwd import grad_outputs
 from gdn_core.ops.gluon import chunk_grads as _cg
 from gdn_core.ops.gluon.chunk_grads import (
     _GLUON_ERROR,
@@ -439,6 +440,9 @@ def chunk_grads_bwd_gluon_pipelined(
     g_dtype: torch.dtype,
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+    dbeta: torch.Tensor | None = None,
+    dg: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Every chunk-local gradient after the state backward, in one persistent Gluon
     launch that prefetches each CTA's next tile (opt-in; not routed by ``GDN_CORE_GLUON``).
@@ -493,9 +497,7 @@ def chunk_grads_bwd_gluon_pipelined(
     _require_gluon_sm90(q.device)
     dq, dk = bufs
     dev = q.device
-    dv = torch.empty(T, HV, V, dtype=v.dtype, device=dev)
-    dbeta = torch.empty(T, HV, dtype=beta.dtype, device=dev)
-    dg = torch.empty(T, HV, dtype=g_dtype, device=dev)
+    dv, dbeta, dg = grad_outputs(T, HV, V, v, beta, g_dtype, dv, dbeta, dg)
     if NT == 0 or HV == 0 or T == 0:
         return dq, dk, dv, dbeta, dg
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
