@@ -81,7 +81,6 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.chunk_grads_bwd import grad_outputs
 from gdn_core.ops.gluon import chunk_grads as _cg
 from gdn_core.ops.gluon.chunk_grads import (
-    _GLUON_ERROR,
     _crossing_sums,
     _descriptors,
     _prefix_sum_excl,
@@ -89,23 +88,25 @@ from gdn_core.ops.gluon.chunk_grads import (
     _store_rows,
     _suffix_sum,
     _zero_rows,
+)
+from gdn_core.ops.gluon.lang import (
+    fence_async_shared,
+    gl,
     gluon,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
 )
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_CHUNK_GRADS_PIPELINED_WARPS", "chunk_grads_bwd_gluon_pipelined",
            "gluon_chunk_grads_pipelined_supported", "persistent_grid", "tile_order"]
 
-if _GLUON_ERROR is None:
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
+try:
     from triton.language import range as _loop  # tl.range: for its disable_licm
+except ImportError:  # pragma: no cover - every Triton with Gluon has it
+    _loop = range
 
 #: Warps of the kernel: two warpgroups, each owning half the columns of every product.
 GLUON_CHUNK_GRADS_PIPELINED_WARPS = 8

@@ -74,32 +74,21 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.gluon.lang import (
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    require_sm90,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_OUTPUT_WARPS", "chunk_output_fwd_gluon", "gluon_output_supported"]
 
-try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must not fail
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-
-    _GLUON_ERROR: Exception | None = None
-except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
-    _GLUON_ERROR = exc
-
-    class _NoGluon:
-        @staticmethod
-        def jit(fn):
-            return fn
-
-    gluon = _NoGluon()
 
 #: Warps of the kernel (one warpgroup).
 GLUON_OUTPUT_WARPS = 4
@@ -219,14 +208,7 @@ def gluon_output_supported(q: torch.Tensor, v_new: torch.Tensor, h: torch.Tensor
 
 
 def _require_gluon_sm90(device: torch.device) -> None:
-    if _GLUON_ERROR is not None:
-        raise RuntimeError(f"Gluon (triton.experimental.gluon, Triton >= 3.6) is not importable "
-                           f"here: {_GLUON_ERROR!r}")
-    if device.type != "cuda":
-        raise RuntimeError(f"the Gluon output kernel runs on CUDA sm_90 only, got device {device}")
-    if torch.cuda.get_device_capability(device) != (9, 0):
-        raise RuntimeError(f"the Gluon output kernel is compiled for sm_90a only, device {device} "
-                           f"is sm_{''.join(map(str, torch.cuda.get_device_capability(device)))}")
+    require_sm90(device, "the Gluon output kernel")
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_output_fwd_gluon_kernel,))

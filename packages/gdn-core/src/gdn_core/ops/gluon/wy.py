@@ -115,33 +115,22 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.gluon.lang import (
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    require_sm90,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_WY_APPLY_WARPS", "GLUON_WY_WARPS", "gluon_wy_apply_supported",
            "gluon_wy_supported", "wy_apply_gluon", "wy_fwd_gluon"]
 
-try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must not fail
-    from triton.experimental import gluon
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.language.nvidia.hopper import (
-        fence_async_shared,
-        mbarrier,
-        tma,
-        warpgroup_mma,
-        warpgroup_mma_wait,
-    )
-
-    _GLUON_ERROR: Exception | None = None
-except Exception as exc:  # noqa: BLE001 - any failure means "Gluon is not available"
-    _GLUON_ERROR = exc
-
-    class _NoGluon:
-        @staticmethod
-        def jit(fn):
-            return fn
-
-    gluon = _NoGluon()
 
 #: Warps of the kernel (one warpgroup; 8 = two warpgroups splitting the wgmma columns,
 #: the inverse replicated in both).
@@ -466,15 +455,7 @@ def gluon_wy_apply_supported(k: torch.Tensor, v: torch.Tensor, A_inv: torch.Tens
 
 
 def _require_gluon_sm90(device: torch.device) -> None:
-    if _GLUON_ERROR is not None:
-        raise RuntimeError(f"Gluon (triton.experimental.gluon, Triton >= 3.6) is not importable "
-                           f"here: {_GLUON_ERROR!r}")
-    if device.type != "cuda":
-        raise RuntimeError(f"the Gluon WY kernel runs on CUDA sm_90 only, got device {device}")
-    cap = torch.cuda.get_device_capability(device)
-    if cap != (9, 0):
-        raise RuntimeError(f"the Gluon WY kernel is compiled for sm_90a only, device {device} "
-                           f"is sm_{cap[0]}{cap[1]}")
+    require_sm90(device, "the Gluon WY kernel")
 
 
 def _check_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: torch.Tensor,
