@@ -37,9 +37,10 @@ def test_declared_atomic_free():
 
 
 def test_per_tile_arithmetic_is_the_one_tile_kernels():
-    """The helpers that round and sum are the original module's objects, not copies."""
+    """The helpers that round and sum, and the launch checks, are the original module's
+    objects, not copies."""
     for name in ("_crossing_sums", "_suffix_sum", "_prefix_sum_excl", "_store_rows",
-                 "_zero_rows", "_descriptors"):
+                 "_zero_rows", "prepare_launch"):
         assert getattr(gp, name) is getattr(gc, name), name
 
 

@@ -78,16 +78,14 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
-from gdn_core.ops.chunk_grads_bwd import grad_outputs
 from gdn_core.ops.gluon import chunk_grads as _cg
 from gdn_core.ops.gluon.chunk_grads import (
     _crossing_sums,
-    _descriptors,
     _prefix_sum_excl,
-    _require_gluon_sm90,
     _store_rows,
     _suffix_sum,
     _zero_rows,
+    prepare_launch,
 )
 from gdn_core.ops.gluon.lang import (
     fence_async_shared,
@@ -457,58 +455,16 @@ def chunk_grads_bwd_gluon_pipelined(
             not contiguous, or more rows than TMA's int32 coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
-    T, H, K = q.shape
-    HV, V = v.shape[1], v.shape[2]
-    NT = index.num_chunks
-    C = index.chunk_size
-    if (
-        tuple(k.shape) != (T, H, K)
-        or HV != H * group
-        or any(tuple(x.shape) != (T, HV, V) for x in (v_new, do, du))
-        or any(tuple(x.shape) != (NT, HV, K, V) for x in (h, dh))
-        or tuple(G.shape) != (T, HV)
-        or tuple(beta.shape) != (T, HV)
-        or tuple(A_inv.shape) != (T, HV, C)
-        or T != index.total_tokens
-    ):
-        raise ValueError(
-            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-            f"v_new {tuple(v_new.shape)}, do {tuple(do.shape)}, du {tuple(du.shape)}, "
-            f"h {tuple(h.shape)}, dh {tuple(dh.shape)}, G {tuple(G.shape)}, "
-            f"beta {tuple(beta.shape)}, A_inv {tuple(A_inv.shape)}, group {group}, "
-            f"chunks {NT}")
-    if (K, V) != (_K, _V) or C != _BT:
-        raise ValueError(f"the Gluon chunk-gradient kernel serves K = V = {_K} and chunks of "
-                         f"{_BT}, got K={K}, V={V}, chunk size {C}")
-    tiled = (q, k, v, v_new, h, dh, do, du, A_inv)
-    if q.dtype not in (torch.bfloat16, torch.float16) or any(x.dtype != q.dtype for x in tiled):
-        raise ValueError("the Gluon chunk-gradient kernel takes q, k, v, v_new, h, dh, do, du, "
-                         "A_inv in one 16-bit dtype, got "
-                         + ", ".join(str(x.dtype) for x in tiled))
-    if max(T, NT * HV * K) >= 2**31 or NT * HV >= 2**31:
-        raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
-    bufs = []
-    for name, buf in (("dq", dq), ("dk", dk)):
-        if buf is None:
-            buf = torch.empty(T, HV, K, dtype=torch.float32, device=q.device)
-        elif tuple(buf.shape) != (T, HV, K) or not buf.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {(T, HV, K)} tensor, got "
-                             f"{tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
-        bufs.append(buf)
-    _require_gluon_sm90(q.device)
-    dq, dk = bufs
-    dev = q.device
-    dv, dbeta, dg = grad_outputs(T, HV, V, v, beta, g_dtype, dv, dbeta, dg)
-    if NT == 0 or HV == 0 or T == 0:
-        return dq, dk, dv, dbeta, dg
-    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
-    beta = beta.contiguous()
-    descs = _descriptors(*tiled)
-    n_tiles = NT * HV
-    grid = persistent_grid(n_tiles, _num_sms(dev))
-    _chunk_grads_bwd_gluon_pipelined_kernel[(grid,)](
-        *descs.values(), G, beta, dq, dk, dv, dbeta, dg, index.chunk_start, index.chunk_len,
-        float(scale), HV, n_tiles, GROUP=group, K=K, V=V, BT=_BT,
-        num_warps=GLUON_CHUNK_GRADS_PIPELINED_WARPS,
-    )
-    return dq, dk, dv, dbeta, dg
+    outs, ready = prepare_launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, index, group,
+                                 g_dtype, dq, dk, dv, dbeta, dg)
+    if ready is not None:
+        descs, G, beta = ready
+        HV = v.shape[1]
+        n_tiles = index.num_chunks * HV
+        grid = persistent_grid(n_tiles, _num_sms(q.device))
+        _chunk_grads_bwd_gluon_pipelined_kernel[(grid,)](
+            *descs.values(), G, beta, *outs, index.chunk_start, index.chunk_len, float(scale),
+            HV, n_tiles, GROUP=group, K=_K, V=_V, BT=_BT,
+            num_warps=GLUON_CHUNK_GRADS_PIPELINED_WARPS,
+        )
+    return outs
