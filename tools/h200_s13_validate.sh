@@ -12,8 +12,9 @@
 #       busy spin (STAGES=kcp)
 #   call 3 (carry [".whl-base"], short), then call 4 (carry [".whl"], ~500 s):
 #       bash tools/h200_s13_validate.sh 3 ; bash tools/h200_s13_validate.sh 4
-#       det (GDN_CORE_GLUON=$QLA_GLUON, default all) against FlashQLA on issue 19's six
-#       shapes, HV32 first (session 12's run timed out before it)
+#       det (GDN_CORE_GLUON=$QLA_GLUON, default all; GDN_CORE_BWD_SLAB_TOKENS=$QLA_SLAB,
+#       default 8192) against FlashQLA on issue 19's six shapes, HV32 first (session 12's
+#       run timed out before it)
 #
 # Everything lands in $OUT/s13_<step>.tgz (logs inside). Only -m gpu tests: on a GPU
 # machine the interpreter tests see kernels bound to the GPU at import.
@@ -28,10 +29,10 @@ LOG=$OUT/s13
 } > "$LOG/env.txt" 2>&1
 SHAPES6="B1,T32768,H16,HV32,D8;B1,T8192,H16;B1,T32768,H16;B4,T8192,H16;B1,T32768,H16,D8;B1,T65536,H16,D16"
 
-e2e() {  # $1 label, $2 GDN_CORE_GLUON value, $3 shapes
+e2e() {  # $1 label, $2 GDN_CORE_GLUON value, $3 shapes (time and peak memory: e2e_<label>.json)
   GDN_CORE_GLUON=$2 timeout 90 python3 benchmarks/bench_gdn_train.py --arms det --warmup 10 \
-    --iters 40 --shapes "$3" --acc-shapes none 2>&1 | grep -E "^\[.*(shape|det )" \
-    | sed "s/^/$1 /" | tee -a "$LOG/e2e.txt"
+    --iters 40 --shapes "$3" --acc-shapes none --json "$LOG/e2e_${1//[^A-Za-z0-9_]/_}.json" \
+    2>&1 | grep -E "^\[.*(shape|det )" | sed "s/^/$1 /" | tee -a "$LOG/e2e.txt"
 }
 
 step1() {
@@ -78,7 +79,8 @@ step4() {
   [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: run step 3 first, right before"; return 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base"
-  GDN_CORE_GLUON=${QLA_GLUON-all} timeout 540 python3 benchmarks/bench_gdn_train.py --arms det \
+  GDN_CORE_GLUON=${QLA_GLUON-all} GDN_CORE_BWD_SLAB_TOKENS=${QLA_SLAB-8192} \
+    timeout 540 python3 benchmarks/bench_gdn_train.py --arms det \
     --compare flashqla --warmup 5 --iters 20 --shapes "$SHAPES6" --acc-shapes "B1,T512,H16" \
     --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
   echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla )" "$LOG/qla.md" | cut -c1-200
