@@ -55,12 +55,18 @@ def requested(stage: str) -> bool:
         ValueError: the variable names an unknown stage (a typo must not silently
             leave the Triton kernel in place).
     """
-    names = {n.strip() for n in os.environ.get(GLUON_ENV, "").split(",") if n.strip()}
+    names = _stage_names(os.environ.get(GLUON_ENV, ""))
+    return stage in names or "all" in names
+
+
+@functools.lru_cache(maxsize=16)
+def _stage_names(raw: str) -> frozenset[str]:
+    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
     unknown = names - {*STAGES, "all"}
     if unknown:
-        raise ValueError(f"{GLUON_ENV}={os.environ[GLUON_ENV]!r}: unknown stage(s) "
-                         f"{sorted(unknown)}; known: {', '.join(STAGES)}, all")
-    return stage in names or "all" in names
+        raise ValueError(f"{GLUON_ENV}={raw!r}: unknown stage(s) {sorted(unknown)}; known: "
+                         f"{', '.join(STAGES)}, all")
+    return names
 
 
 def pick(stage: str, triton_launcher: Callable, *probe) -> Callable:
@@ -69,7 +75,7 @@ def pick(stage: str, triton_launcher: Callable, *probe) -> Callable:
     kernel's ``supported(*probe)`` says it serves them; else ``triton_launcher``
     (the caller's, imported with its module: a @triton.jit kernel takes the
     interpreter only if ``TRITON_INTERPRET`` is set when its module is imported)."""
-    if requested(stage) and probe[0].is_cuda and available():
+    if probe[0].is_cuda and requested(stage) and available():
         module, name, supported = STAGES[stage]
         path = f"{__name__}.{module}"
         mod = importlib.import_module(path)  # import-check: allow-dynamic (STAGES)
