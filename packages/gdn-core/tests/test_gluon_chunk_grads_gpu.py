@@ -18,6 +18,7 @@ import pytest
 import torch
 from gdn_core import reference as ref
 from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
+from gdn_core.testkit import max_rel_err, offsets_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -29,19 +30,6 @@ LENGTHS = [5, 64, 70, 200]
 # 32K tokens: one document, and 8 documents with short last chunks (sum 32768)
 LONG = [32768], [1, 4095, 63, 8191, 65, 10000, 3000, 7353]
 NAMES = ("dq", "dk", "dv", "dbeta", "dg")
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
 
 
 def _bounds(offs):
@@ -82,7 +70,7 @@ def _problem(lengths, H, group, dtype, seed=0):
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
     gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
+    offs = offsets_of(lengths)
     bounds = _bounds(offs)
     index = ChunkIndex.build(offs, "cuda")
     T, HV, NT = offs[-1], H * group, index.num_chunks
@@ -150,11 +138,11 @@ def test_gluon_chunk_grads_matches_triton_reference_and_repeats(lengths, group, 
     tri = chunk_grads_bwd(*args, **bufs())
     for name, a, b in zip(NAMES, got, tri):
         assert a.dtype == b.dtype and a.shape == b.shape, name
-        assert _rel(a, b) <= TOL[dtype], f"{name}: vs Triton {_rel(a, b):.3e}"
+        assert max_rel_err(a, b) <= TOL[dtype], f"{name}: vs Triton {max_rel_err(a, b):.3e}"
 
     want = _reference(p)  # dq, dk per value head: the gradients of the expanded q, k
     for name, a, b, w in zip(NAMES, got, tri, want):
-        e_gl, e_tr = _rel(a, w), _rel(b, w)
+        e_gl, e_tr = max_rel_err(a, w), max_rel_err(b, w)
         assert e_gl <= max(TOL[dtype], 1.5 * e_tr), (
             f"{name}: vs fp32 reference {e_gl:.3e} (Triton {e_tr:.3e})")
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
+from gdn_core.testkit import max_rel_err, offsets_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -27,19 +28,6 @@ LENGTHS = [5, 64, 70, 200, 3]
 LONG = [32768], [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
-
-
 def _problem(lengths, H, group, dtype, seed=0):
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.gluon import available
@@ -47,7 +35,7 @@ def _problem(lengths, H, group, dtype, seed=0):
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
     gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
+    offs = offsets_of(lengths)
     T, HV, D = offs[-1], H * group, 128
     index = ChunkIndex.build(offs, "cuda")
     q = R.l2_normalize(torch.randn(T, H, D, generator=gen)).to("cuda", dtype)
@@ -107,8 +95,8 @@ def test_gluon_dv_local_matches_reference_triton_and_repeats(lengths, group, dty
     buf = torch.full_like(do, float("nan"))
     assert gd.dv_local_bwd_gluon(q, k, G, do, scale, index, group, out=buf) is buf
     assert torch.equal(buf, dv)  # every row written, the same bits
-    assert _rel(dv, _reference(q, k, G, do, scale, offs, group)) <= TOL[dtype]
-    assert _rel(dv, dv_local_bwd(q, k, G, do, scale, index, group)) <= TOL[dtype]
+    assert max_rel_err(dv, _reference(q, k, G, do, scale, offs, group)) <= TOL[dtype]
+    assert max_rel_err(dv, dv_local_bwd(q, k, G, do, scale, index, group)) <= TOL[dtype]
 
 
 def test_gluon_dv_local_strided_inputs():

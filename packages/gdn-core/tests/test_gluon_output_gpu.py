@@ -16,6 +16,7 @@ import pytest
 import torch
 from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
+from gdn_core.testkit import max_rel_err, offsets_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -26,19 +27,6 @@ LENGTHS = [5, 64, 70, 200]
 LONG = [32768], [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
-
-
 def _problem(lengths, H, group, dtype, seed=0):
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.gluon import available
@@ -46,7 +34,7 @@ def _problem(lengths, H, group, dtype, seed=0):
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
     gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
+    offs = offsets_of(lengths)
     T, HV, D = offs[-1], H * group, 128
     index = ChunkIndex.build(offs, "cuda")
     q = R.l2_normalize(torch.randn(T, H, D, generator=gen)).to("cuda", dtype)
@@ -83,9 +71,9 @@ def test_gluon_output_matches_reference_triton_and_repeats(lengths, group, dtype
     bounds = list(zip(offs[:-1], offs[1:]))
     o_ref = R.chunk_output_ref(_expand(q, group), _expand(k, group), v_new.float(), h.float(),
                                G, scale, bounds)
-    assert _rel(o, o_ref) <= TOL[dtype]
+    assert max_rel_err(o, o_ref) <= TOL[dtype]
     o_tr = chunk_output_fwd(q, k, v_new, h, G, scale, index, group)
-    assert _rel(o, o_tr) <= TOL[dtype]
+    assert max_rel_err(o, o_tr) <= TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

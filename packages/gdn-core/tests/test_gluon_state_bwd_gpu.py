@@ -16,6 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gdn_core.chunking import ChunkIndex
+from gdn_core.testkit import max_rel_err, offsets_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -26,19 +27,6 @@ LENGTHS = [5, 64, 0, 70, 200]
 LONG = [32768], [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
-
-
 def _problem(lengths, H, group, dtype, seed=0):
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.gluon import available
@@ -46,7 +34,7 @@ def _problem(lengths, H, group, dtype, seed=0):
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
     gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
+    offs = offsets_of(lengths)
     T, HV, D = offs[-1], H * group, 128
     index = ChunkIndex.build(offs, "cuda")
     q = (torch.randn(T, H, D, generator=gen) * 0.1).to("cuda", dtype)
@@ -85,8 +73,8 @@ def test_gluon_state_bwd_matches_triton_and_repeats(lengths, group, dtype, with_
     ref = _call(chunk_state_bwd, [x.float() for x in xs], dht, index, group)  # fp32 Triton
     tr = _call(chunk_state_bwd, xs, dht, index, group)  # the 16-bit Triton kernel
     for name, a, r, t in zip(("dh", "dv", "dh0"), (dh, dv, dh0), ref, tr):
-        assert _rel(a, r) <= TOL[dtype], name
-        assert _rel(a, t) <= TOL[dtype], name
+        assert max_rel_err(a, r) <= TOL[dtype], name
+        assert max_rel_err(a, t) <= TOL[dtype], name
     for n, (bos, eos) in enumerate(zip(offs[:-1], offs[1:])):
         if eos == bos:
             want = dht[n] if with_dht else torch.zeros_like(dh0[n])

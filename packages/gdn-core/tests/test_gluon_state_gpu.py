@@ -16,6 +16,7 @@ import pytest
 import torch
 from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
+from gdn_core.testkit import max_rel_err, offsets_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -23,19 +24,6 @@ pytestmark = [pytest.mark.gpu,
 TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
 LENGTHS = [5, 64, 0, 70, 200]
 LONG = [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]  # 32K tokens, short last chunks
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
 
 
 def _problem(lengths, H, group, dtype, seed=0):
@@ -46,7 +34,7 @@ def _problem(lengths, H, group, dtype, seed=0):
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
     gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
+    offs = offsets_of(lengths)
     T, HV, D = offs[-1], H * group, 128
     index = ChunkIndex.build(offs, "cuda")
     k = R.l2_normalize(torch.randn(T, H, D, generator=gen)).to("cuda", dtype)
@@ -87,8 +75,8 @@ def test_gluon_state_matches_reference_triton_and_repeats(lengths, group, dtype,
     ref = R.chunk_states_ref(ke, W.float(), U.float(), G, bounds, h0)
     tri = chunk_state_fwd(k, W, U, G, index, group, h0, output_final_state=True)
     for name, x, r, t in zip(("h", "v_new", "final"), (h, vn, fin), ref, tri):
-        assert _rel(x, r) <= TOL[dtype], name
-        assert _rel(x, t) <= TOL[dtype], name
+        assert max_rel_err(x, r) <= TOL[dtype], name
+        assert max_rel_err(x, t) <= TOL[dtype], name
     if 0 in lengths:  # an empty document passes its initial state through
         d = lengths.index(0)
         assert torch.equal(fin[d], h0[d] if h0 is not None else torch.zeros_like(fin[d]))

@@ -20,6 +20,7 @@ import pytest
 import torch
 from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
+from gdn_core.testkit import max_rel_err, offsets_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -28,19 +29,6 @@ TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
 LENGTHS = [5, 64, 70, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 200]
 # 32K tokens: one document, and 9 documents with short last chunks (sum 32768)
 LONG = [32768], [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]
-
-
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
 
 
 def _problem(lengths, H, group, dtype, seed=0):
@@ -53,7 +41,7 @@ def _problem(lengths, H, group, dtype, seed=0):
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
     gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
+    offs = offsets_of(lengths)
     T, HV, D = offs[-1], H * group, 128
     index = ChunkIndex.build(offs, "cuda")
     k = R.l2_normalize(torch.randn(T, H, D, generator=gen)).to("cuda", dtype)
@@ -92,10 +80,10 @@ def test_gluon_wy_apply_matches_reference_triton_and_repeats(lengths, group, dty
     assert torch.equal(W2, W) and torch.equal(U2, U)
     bounds = list(zip(offs[:-1], offs[1:]))
     _, W_ref, U_ref = R.wy_ref(_expand(k, group), v.float(), beta.float(), G, bounds)
-    assert _rel(W, W_ref) <= TOL[dtype]
-    assert _rel(U, U_ref) <= TOL[dtype]
+    assert max_rel_err(W, W_ref) <= TOL[dtype]
+    assert max_rel_err(U, U_ref) <= TOL[dtype]
     W_tr, U_tr = wy_apply(k, v, beta, G, A_inv, index, group)
-    assert _rel(W, W_tr) <= TOL[dtype] and _rel(U, U_tr) <= TOL[dtype]
+    assert max_rel_err(W, W_tr) <= TOL[dtype] and max_rel_err(U, U_tr) <= TOL[dtype]
     # the fp32 inverse is rounded on the host as the Triton kernel rounds it: the same bits
     W3, U3 = gw.wy_apply_gluon(k, v, beta, G, A32, index, group)
     assert torch.equal(W3, W) and torch.equal(U3, U)
@@ -164,9 +152,9 @@ def test_gluon_wy_apply_on_the_gluon_forward_s_inverse(group):
     A32, W, U = wy_fwd_gluon(k, v, beta, G, index, group)
     A_inv = inverse_for_backward(A32, k, v)
     W2, U2 = wy_apply_gluon(k, v, beta, G, A_inv, index, group)
-    assert _rel(W2, W.float()) <= TOL[dtype] and _rel(U2, U.float()) <= TOL[dtype]
+    assert max_rel_err(W2, W.float()) <= TOL[dtype] and max_rel_err(U2, U.float()) <= TOL[dtype]
     W3, U3 = wy_apply(k, v, beta, G, A_inv, index, group)
-    assert _rel(W2, W3.float()) <= TOL[dtype] and _rel(U2, U3.float()) <= TOL[dtype]
+    assert max_rel_err(W2, W3.float()) <= TOL[dtype] and max_rel_err(U2, U3.float()) <= TOL[dtype]
     print(f"wy_apply_gluon == wy_fwd_gluon's W, U bitwise: "
           f"{torch.equal(W2, W) and torch.equal(U2, U)}")
 
@@ -179,7 +167,8 @@ def test_gluon_wy_apply_empty_and_tiny():
     offs, index, args, _ = _problem([1], 1, 1, torch.bfloat16, seed=5)
     W, U = wy_apply_gluon(*args, index, 1)
     W_tr, U_tr = wy_apply(*args, index, 1)
-    assert _rel(W, W_tr) <= TOL[torch.bfloat16] and _rel(U, U_tr) <= TOL[torch.bfloat16]
+    assert max_rel_err(W, W_tr) <= TOL[torch.bfloat16]
+    assert max_rel_err(U, U_tr) <= TOL[torch.bfloat16]
     empty = ChunkIndex.build([0], "cuda")
     z = [x[:0] for x in args]
     W0, U0 = wy_apply_gluon(*z, empty, 1)

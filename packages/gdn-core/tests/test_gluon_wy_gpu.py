@@ -17,6 +17,7 @@ import pytest
 import torch
 from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
+from gdn_core.testkit import max_rel_err, offsets_of
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -28,19 +29,6 @@ LENGTHS = [5, 64, 70, 1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 200]
 LONG = [32768], [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]
 
 
-def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all()
-    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
-
-
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
-
-
 def _problem(lengths, H, group, dtype, seed=0):
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.gluon import available
@@ -48,7 +36,7 @@ def _problem(lengths, H, group, dtype, seed=0):
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
     gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
+    offs = offsets_of(lengths)
     T, HV, D = offs[-1], H * group, 128
     index = ChunkIndex.build(offs, "cuda")
     k = R.l2_normalize(torch.randn(T, H, D, generator=gen)).to("cuda", dtype)
@@ -85,12 +73,12 @@ def test_gluon_wy_matches_reference_triton_and_repeats(lengths, group, dtype, wa
     assert none is None and torch.equal(W3, W) and torch.equal(U3, U)
     bounds = list(zip(offs[:-1], offs[1:]))
     A_ref, W_ref, U_ref = R.wy_ref(_expand(k, group), v.float(), beta.float(), G, bounds)
-    assert _rel(A_inv, A_ref) <= TOL_A
-    assert _rel(W, W_ref) <= TOL[dtype]
-    assert _rel(U, U_ref) <= TOL[dtype]
+    assert max_rel_err(A_inv, A_ref) <= TOL_A
+    assert max_rel_err(W, W_ref) <= TOL[dtype]
+    assert max_rel_err(U, U_ref) <= TOL[dtype]
     A_tr, W_tr, U_tr = wy_fwd(k, v, beta, G, index, group)
-    assert _rel(A_inv, A_tr) <= TOL_A
-    assert _rel(W, W_tr) <= TOL[dtype] and _rel(U, U_tr) <= TOL[dtype]
+    assert max_rel_err(A_inv, A_tr) <= TOL_A
+    assert max_rel_err(W, W_tr) <= TOL[dtype] and max_rel_err(U, U_tr) <= TOL[dtype]
     # columns past each chunk's length are exact zeros
     for bos, eos in bounds:
         for start in range(bos, eos, 64):
@@ -164,8 +152,9 @@ def test_gluon_wy_strong_coupling():
     G = torch.zeros(T, 1, device="cuda")
     A_inv, W, U = wy_fwd_gluon(k, v, beta, G, index, 1)
     A_ref, W_ref, U_ref = R.wy_ref(k.float(), v.float(), beta, G, [(0, T)])
-    assert _rel(A_inv, A_ref) <= TOL_A
-    assert _rel(W, W_ref) <= TOL[torch.bfloat16] and _rel(U, U_ref) <= TOL[torch.bfloat16]
+    assert max_rel_err(A_inv, A_ref) <= TOL_A
+    assert max_rel_err(W, W_ref) <= TOL[torch.bfloat16]
+    assert max_rel_err(U, U_ref) <= TOL[torch.bfloat16]
 
 
 def test_triton_wy_apply_from_the_gluon_inverse():
@@ -178,4 +167,4 @@ def test_triton_wy_apply_from_the_gluon_inverse():
     offs, index, (k, v, beta, G) = _problem(LENGTHS, 2, 2, dtype, seed=3)
     A_inv, W, U = wy_fwd_gluon(k, v, beta, G, index, 2)
     W2, U2 = wy_apply(k, v, beta, G, inverse_for_backward(A_inv, k, v), index, 2)
-    assert _rel(W2, W.float()) <= TOL[dtype] and _rel(U2, U.float()) <= TOL[dtype]
+    assert max_rel_err(W2, W.float()) <= TOL[dtype] and max_rel_err(U2, U.float()) <= TOL[dtype]

@@ -166,6 +166,22 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
+def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a − b| / max |b|`` in float64, after asserting ``a`` is finite (the Gluon
+    kernels' GPU tests)."""
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all()
+    return ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+
+
+def offsets_of(lengths) -> list[int]:
+    """Document offsets ``[0, n0, n0 + n1, …]`` of packed document ``lengths``."""
+    offs = [0]
+    for n in lengths:
+        offs.append(offs[-1] + n)
+    return offs
+
+
 def assert_close(got: dict, ref: dict, rtol: float) -> None:
     """Relative Frobenius error of every tensor in ``ref`` (``None`` must match)."""
     for key, b in ref.items():
