@@ -39,7 +39,8 @@ step1() {
   timeout 240 python3 -m pytest -q -n 8 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
     --import-mode=importlib -ra packages/gdn-core/tests/test_gluon_*.py \
     packages/gdn-core/tests/test_ops_forward.py packages/gdn-core/tests/test_ops_backward.py \
-    packages/gdn-core/tests/test_segment.py > "$LOG/gpu_tests.log" 2>&1
+    packages/gdn-core/tests/test_segment.py packages/gdn-core/tests/test_bwd_slabs.py \
+    packages/gdn-det-train-kcp/tests/test_det_kcp_gpu.py > "$LOG/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -E "passed|failed|FAILED|ERROR" "$LOG/gpu_tests.log" | tail -20
   for p in benchmarks/gluon_*_probe.py; do
     timeout 60 python3 "$p" > "$LOG/$(basename "$p" .py).txt" 2>&1
