@@ -96,6 +96,31 @@ def test_triton_simulated_world_under_interpreter():
         torch.testing.assert_close(g[n], getattr(g_ref, n), rtol=2e-5, atol=5e-5)
 
 
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="runs the Triton kernels under the interpreter")
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_segment_worlds_with_the_slab_backward(monkeypatch, world):
+    """``boundary="segment"`` worlds: the slab backward (``GDN_CORE_BWD_SLAB_TOKENS``, each
+    rank's last phase in slabs) gives the bits of the whole-call backward."""
+    from gdn_core import bwd_slabs, segment
+
+    offsets = [0, 5, 330, 331, 451]  # 325 tokens: three 128-token segments
+    ins = _inputs(offsets, H=1, HV=2, l2=True, seed=3)
+    plan = partition(offsets, world, boundary="segment", segment_size=128, plan_cls=Plan)
+    monkeypatch.delenv(bwd_slabs.SLAB_ENV, raising=False)
+    o_want, g_want = _simulate(ins, plan, "ring", "triton", l2=True)
+    monkeypatch.setenv(bwd_slabs.SLAB_ENV, "64")
+    ran = []
+    real = segment.finish_in_slabs
+    monkeypatch.setattr(segment, "finish_in_slabs",
+                        lambda bst, slabs, *a: ran.append(len(slabs)) or real(bst, slabs, *a))
+    o, g = _simulate(ins, plan, "ring", "triton", l2=True)
+    assert ran and min(ran) >= 2  # every rank's last phase ran in slabs
+    assert torch.equal(o, o_want)
+    for n in GRADS:
+        assert torch.equal(g[n], g_want[n]), n
+
+
 def test_local_exchange_and_protocol_errors():
     ex = LocalExchange()
     t = torch.arange(4.0)
