@@ -1,6 +1,8 @@
-"""The Gluon chunk-gradient launcher without a GPU: it imports, it is declared atomic-free,
-and it refuses what it does not serve (``ValueError``) and devices it cannot run on
-(``RuntimeError``) before compiling anything. The kernel itself: ``*_gpu.py``."""
+"""The Gluon chunk-gradient launchers without a GPU: they import, they are declared
+atomic-free, and they refuse what they do not serve (``ValueError``) and devices they
+cannot run on (``RuntimeError``) before compiling anything — the one-tile launcher and the
+persistent one (:mod:`~gdn_core.ops.gluon.chunk_grads_pipelined`), which share these
+checks. The kernels themselves: ``*_gpu.py``."""
 
 from __future__ import annotations
 
@@ -8,6 +10,13 @@ import pytest
 import torch
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.gluon import chunk_grads as gc
+from gdn_core.ops.gluon import chunk_grads_pipelined as gp
+
+#: (launcher, its supported test): the one-tile kernel's and the persistent kernel's
+LAUNCHERS = [pytest.param((gc.chunk_grads_bwd_gluon, gc.gluon_chunk_grads_supported),
+                          id="one_tile"),
+             pytest.param((gp.chunk_grads_bwd_gluon_pipelined,
+                           gp.gluon_chunk_grads_pipelined_supported), id="persistent")]
 
 
 def _args(T=70, H=1, group=2, K=128, V=128, dtype=torch.bfloat16, a_dtype=None):
@@ -28,34 +37,40 @@ def test_declared_atomic_free():
 
 @pytest.mark.parametrize("kw", [dict(K=64), dict(V=64), dict(dtype=torch.float32),
                                 dict(a_dtype=torch.float32)])
-def test_unsupported_shapes_and_dtypes_raise_value_error(kw):
+@pytest.mark.parametrize("launch", LAUNCHERS)
+def test_unsupported_shapes_and_dtypes_raise_value_error(launch, kw):
+    launcher, supported = launch
     args = _args(**kw)
-    assert not gc.gluon_chunk_grads_supported(args[0], args[2], args[10], args[12])
+    assert not supported(args[0], args[2], args[10], args[12])
     with pytest.raises(ValueError):
-        gc.chunk_grads_bwd_gluon(*args)
+        launcher(*args)
 
 
-def test_mismatched_shapes_and_dtypes_raise_value_error():
+@pytest.mark.parametrize("launch", LAUNCHERS)
+def test_mismatched_shapes_and_dtypes_raise_value_error(launch):
+    launcher = launch[0]
     args = _args()
     bad = list(args)
     bad[5] = args[5][:-1]  # dh of too few chunks
     with pytest.raises(ValueError, match="shape mismatch"):
-        gc.chunk_grads_bwd_gluon(*bad)
+        launcher(*bad)
     bad = list(args)
     bad[7] = args[7].half()  # du in another 16-bit dtype
     with pytest.raises(ValueError, match="16-bit"):
-        gc.chunk_grads_bwd_gluon(*bad)
+        launcher(*bad)
     T, HV = args[2].shape[:2]
     for kw in ({"dq": torch.empty(T, HV, 129)}, {"dk": torch.empty(T, HV, 256)[..., :128]}):
         with pytest.raises(ValueError, match="must be a contiguous"):
-            gc.chunk_grads_bwd_gluon(*args, **kw)
+            launcher(*args, **kw)
 
 
-def test_cpu_tensors_raise_runtime_error():
+@pytest.mark.parametrize("launch", LAUNCHERS)
+def test_cpu_tensors_raise_runtime_error(launch):
+    launcher, supported = launch
     args = _args()
-    assert gc.gluon_chunk_grads_supported(args[0], args[2], args[10], args[12])
+    assert supported(args[0], args[2], args[10], args[12])
     with pytest.raises(RuntimeError):
-        gc.chunk_grads_bwd_gluon(*args)
+        launcher(*args)
 
 
 # ------------------------------------------------- the kernel's dataflow, emulated

@@ -1,5 +1,6 @@
 """The persistent (next-tile-prefetching) Gluon chunk-gradient launcher without a GPU: it
-imports, it is declared atomic-free, it refuses what the one-tile kernel refuses, and
+imports, it is declared atomic-free, it refuses what the one-tile kernel refuses (the
+shared checks, tested over both launchers in ``test_gluon_chunk_grads.py``), and
 what changed against that kernel — which CTA computes a tile, in what order, and where
 each tile's operands sit in the ring of shared-memory slots while the next tile's are
 loaded — is emulated here: every tile computed once, and no prefetch lands in a buffer
@@ -13,21 +14,8 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
-from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.gluon import chunk_grads as gc
 from gdn_core.ops.gluon import chunk_grads_pipelined as gp
-
-
-def _args(T=70, H=1, group=2, K=128, V=128, dtype=torch.bfloat16, a_dtype=None):
-    index = ChunkIndex.build([0, T], "cpu")
-    HV, NT = H * group, index.num_chunks
-    q = torch.zeros(T, H, K, dtype=dtype)
-    v = torch.zeros(T, HV, V, dtype=dtype)
-    h = torch.zeros(NT, HV, K, V, dtype=dtype)
-    a = torch.zeros(T, HV, 64, dtype=a_dtype or dtype)
-    return [q, q.clone(), v, v.clone(), h, h.clone(), v.clone(), v.clone(), torch.zeros(T, HV),
-            torch.zeros(T, HV), a, 0.5, index, group, torch.float32]
 
 
 def test_declared_atomic_free():
@@ -42,38 +30,6 @@ def test_per_tile_arithmetic_is_the_one_tile_kernels():
     for name in ("_crossing_sums", "_suffix_sum", "_prefix_sum_excl", "_store_rows",
                  "_zero_rows", "prepare_launch"):
         assert getattr(gp, name) is getattr(gc, name), name
-
-
-@pytest.mark.parametrize("kw", [dict(K=64), dict(V=64), dict(dtype=torch.float32),
-                                dict(a_dtype=torch.float32)])
-def test_unsupported_shapes_and_dtypes_raise_value_error(kw):
-    args = _args(**kw)
-    assert not gp.gluon_chunk_grads_pipelined_supported(args[0], args[2], args[10], args[12])
-    with pytest.raises(ValueError):
-        gp.chunk_grads_bwd_gluon_pipelined(*args)
-
-
-def test_mismatched_shapes_and_dtypes_raise_value_error():
-    args = _args()
-    bad = list(args)
-    bad[5] = args[5][:-1]  # dh of too few chunks
-    with pytest.raises(ValueError, match="shape mismatch"):
-        gp.chunk_grads_bwd_gluon_pipelined(*bad)
-    bad = list(args)
-    bad[7] = args[7].half()  # du in another 16-bit dtype
-    with pytest.raises(ValueError, match="16-bit"):
-        gp.chunk_grads_bwd_gluon_pipelined(*bad)
-    T, HV = args[2].shape[:2]
-    for kw in ({"dq": torch.empty(T, HV, 129)}, {"dk": torch.empty(T, HV, 256)[..., :128]}):
-        with pytest.raises(ValueError, match="must be a contiguous"):
-            gp.chunk_grads_bwd_gluon_pipelined(*args, **kw)
-
-
-def test_cpu_tensors_raise_runtime_error():
-    args = _args()
-    assert gp.gluon_chunk_grads_pipelined_supported(args[0], args[2], args[10], args[12])
-    with pytest.raises(RuntimeError):
-        gp.chunk_grads_bwd_gluon_pipelined(*args)
 
 
 # ------------------------------------------------- which CTA, in what order
