@@ -839,19 +839,14 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
     D = bst.D if bst.D is not None else bst.dht
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
     want_h0 = saved.initial_state is not None
+    l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None
     if saved.backend == "reference":  # the CPU path
         dq, dk, dv, dg, dbeta, dh0 = reference_phases.backward(saved, bst.do, D, init)
     elif bst.slabs is not None:
-        l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None
         dq, dk, dv, dg, dbeta, dh0 = finish_in_slabs(bst, bst.slabs, D, init, l2)
-        B, T = s.B, s.T
-        dq, dk = dq.reshape(B, T, s.H, s.K), dk.reshape(B, T, s.H, s.K)
-        dv = dv.reshape(B, T, s.HV, s.V)
-        dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     else:
         from gdn_core.ops.backward import Recomputed, backward_from_recompute
 
-        l2 = saved.use_qk_l2norm_in_kernel and saved.q_rstd is not None
         rec = Recomputed(bst.W, bst.h, bst.v_new)
         bst.W = bst.h = bst.v_new = None  # the backward frees them as it spends them
         dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
@@ -867,6 +862,7 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
 
             dq = l2norm_bwd(saved.q, saved.q_rstd, dq).to(saved.q.dtype)
             dk = l2norm_bwd(saved.k, saved.k_rstd, dk).to(saved.k.dtype)
+    if saved.backend != "reference":  # the kernels' results are on flat tokens
         B, T = s.B, s.T
         dq, dk = dq.reshape(B, T, s.H, s.K), dk.reshape(B, T, s.H, s.K)
         dv = dv.reshape(B, T, s.HV, s.V)
