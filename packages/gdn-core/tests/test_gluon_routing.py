@@ -118,3 +118,40 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
     for a, b in zip(got, want):
         rel = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
         assert rel.item() < 2e-2, rel.item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gluon.available(), reason="needs an sm_90 GPU with Gluon")
+def test_a_gluon_kernel_launches_first_in_a_fresh_thread(monkeypatch):
+    """A thread that never touched the GPU (a worker running a backward) has no current
+    CUDA context; the first Gluon launch there fills TMA descriptors before Triton's
+    launcher would bind one. It must run, with the bits of the same launch made here."""
+    import threading
+
+    from gdn_core.chunking import ChunkIndex
+    from gdn_core.ops.gluon.output import chunk_output_fwd_gluon
+
+    gen = torch.Generator().manual_seed(1)
+    T, H, D = 300, 2, 128
+    index = ChunkIndex.build([0, 100, T], "cuda")
+    q, k, v_new = (torch.randn(T, H, D, generator=gen).cuda().bfloat16() for _ in range(3))
+    h = (torch.randn(index.num_chunks, H, D, D, generator=gen) / D).cuda().bfloat16()
+    G = torch.randn(T, H, generator=gen).cumsum(0).neg().cuda() / 64
+
+    def launch():
+        return chunk_output_fwd_gluon(q, k, v_new, h, G, 0.1, index, 1)
+
+    result: dict = {}
+
+    def worker():
+        try:
+            result["o"] = launch()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001 - reported below
+            result["error"] = exc
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert "error" not in result, result.get("error")
+    assert torch.equal(result["o"], launch())

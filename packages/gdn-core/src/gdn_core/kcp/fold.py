@@ -50,6 +50,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.hostcache import device_int_tables
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["FOLD_IMPLS", "fold_chain", "fold_step", "resolve_fold_impl"]
@@ -184,7 +185,7 @@ def _fold_triton(M: torch.Tensor, S: torch.Tensor, E: torch.Tensor | None,
     if HV == 0 or K == 0 or V == 0:
         return out
     cfg = fold_config(K, V)
-    _kcp_fold_kernel[(triton.cdiv(V, cfg["BV"]), HV)](
+    _KCP_FOLD_KERNEL[(triton.cdiv(V, cfg["BV"]), HV)](
         M, S, E if E is not None else S, out,
         K=K, V=V, BK=cfg["BK"], BJ=cfg["BJ"], BU=cfg["BU"], BV=cfg["BV"], TRANSPOSE=transpose,
         HAS_E=E is not None, num_warps=cfg["num_warps"], num_stages=1, enable_fp_fusion=True,
@@ -268,6 +269,10 @@ def _kcp_fold_chain_kernel(
         tl.debug_barrier()  # the next step reads this row back
 
 
+_KCP_FOLD_CHAIN_KERNEL = cached_launch(_kcp_fold_chain_kernel)
+_KCP_FOLD_KERNEL = cached_launch(_kcp_fold_kernel)
+
+
 @launcher(uses_atomics=False, kernels=(_kcp_fold_chain_kernel,))
 def _fold_chain_triton(E, M, out, items, prev, dst, ptr, transpose):
     P, HV, K, V = E.shape
@@ -275,7 +280,7 @@ def _fold_chain_triton(E, M, out, items, prev, dst, ptr, transpose):
     d_items, d_prev, d_dst, d_ptr = device_int_tables((items, prev, dst, ptr), out.device)
     cfg = fold_config(K, V)
     n_chains = len(ptr) - 1
-    _kcp_fold_chain_kernel[(triton.cdiv(V, cfg["BV"]), HV, n_chains)](
+    _KCP_FOLD_CHAIN_KERNEL[(triton.cdiv(V, cfg["BV"]), HV, n_chains)](
         E, M, out, d_items, d_prev, d_dst, d_ptr,
         E.stride(0), E.stride(1), E.stride(2), M.stride(0), M.stride(1), M.stride(2),
         HV, K=K, V=V, BK=cfg["BK"], BJ=cfg["BJ"], BU=cfg["BU"], BV=cfg["BV"], TRANSPOSE=transpose,

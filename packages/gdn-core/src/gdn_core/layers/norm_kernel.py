@@ -15,6 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["ROWS_PER_PROGRAM", "GatedRMSNormFunction", "gated_rms_norm_bwd",
@@ -101,6 +102,10 @@ def _gated_rms_norm_bwd_kernel(x, g, w, rstd, dy, dx, dg, dw_part, R, GH, g_row,
     tl.store(dw_part + tl.program_id(0).to(tl.int64) * D + rd, acc, mask=md)
 
 
+_GATED_RMS_NORM_BWD_KERNEL = cached_launch(_gated_rms_norm_bwd_kernel)
+_GATED_RMS_NORM_FWD_KERNEL = cached_launch(_gated_rms_norm_fwd_kernel)
+
+
 def gate_rows(gate: torch.Tensor) -> torch.Tensor:
     """``gate [..., D]`` as ``[tokens, heads, D]`` with a unit last stride, the shape
     the kernels read at its strides: a view when the leading dimensions allow it
@@ -131,7 +136,7 @@ def gated_rms_norm_fwd(x: torch.Tensor, gate: torch.Tensor | None, weight: torch
     BR, BD, steps = _grid(R, D)
     act = _ACTS[activation] if gate is not None else 0
     gr = gate_rows(gate if gate is not None else x)
-    _gated_rms_norm_fwd_kernel[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
+    _GATED_RMS_NORM_FWD_KERNEL[(triton.cdiv(R, ROWS_PER_PROGRAM),)](
         x, gr, weight, y, rstd, R, gr.shape[1], gr.stride(0), gr.stride(1), D, eps, ACT=act,
         BR=BR, BD=BD, STEPS=steps, num_warps=4, num_stages=1)
     return y, rstd
@@ -154,7 +159,7 @@ def gated_rms_norm_bwd(x: torch.Tensor, gate: torch.Tensor | None, weight: torch
         BR, BD, steps = _grid(R, D)
         act = _ACTS[activation] if gate is not None else 0
         gr = gate_rows(gate if gate is not None else x)
-        _gated_rms_norm_bwd_kernel[(programs,)](
+        _GATED_RMS_NORM_BWD_KERNEL[(programs,)](
             x, gr, weight, rstd, dy, dx, dg if dg is not None else dx, part, R, gr.shape[1],
             gr.stride(0), gr.stride(1), D, ACT=act, BR=BR, BD=BD, STEPS=steps,
             num_warps=4, num_stages=1)

@@ -62,6 +62,7 @@ import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.dv_local import dot_precision
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile, unit_last
 
@@ -350,6 +351,10 @@ def _dk_kernel(
     tl.store(dbeta + p_s, b_db.to(dbeta.dtype.element_ty), mask=m_t)
 
 
+_DK_KERNEL = cached_launch(_dk_kernel)
+_DQ_DV_KERNEL = cached_launch(_dq_dv_kernel)
+
+
 def chunk_grads_config(K: int, V: int) -> dict:
     """Pinned launch configuration of both kernels: 64-column blocks of K and V, 4 warps."""
     return {
@@ -455,10 +460,10 @@ def chunk_grads_bwd(
     meta = dict(H=H, HV=HV, K=K, V=V, GROUP=group, BT=C, BK=cfg["BK"], BV=cfg["BV"],
                 T_IN_DK=t_in_dk, DOT_PREC=dot_precision(k.dtype), num_warps=cfg["num_warps"],
                 num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
-    _dq_dv_kernel[(NT, HV)](
+    _DQ_DV_KERNEL[(NT, HV)](
         q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
         index.chunk_start, index.chunk_len, float(scale), v.stride(0), v.stride(1), **meta)
-    _dk_kernel[(NT, HV)](
+    _DK_KERNEL[(NT, HV)](
         q, k, v_new, h, dh, do, du, G, beta, A_inv, dT, dg_part, db_part, dk, dbeta, dg,
         index.chunk_start, index.chunk_len, float(scale), **meta)
     return dq, dk, dv, dbeta, dg

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
@@ -137,6 +138,9 @@ def _chunk_state_fwd_kernel(
 
     if STORE_FINAL:
         tl.store(ht + (i_n * HV + i_hv).to(tl.int64) * K * V + s_off, S, mask=m_kv)
+
+
+_CHUNK_STATE_FWD_KERNEL = cached_launch(_chunk_state_fwd_kernel)
 
 
 def chunk_state_config(K: int, V: int, elem_bytes: int = 2, programs: int = 0) -> dict[str, int]:
@@ -275,7 +279,7 @@ def chunk_state_fwd(
         return h, v_new, final
     cfg = chunk_state_config(K, V, k.element_size(), programs=N * HV)
     grid = (triton.cdiv(V, cfg["BV"]), N, HV)
-    _chunk_state_fwd_kernel[grid](
+    _CHUNK_STATE_FWD_KERNEL[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,
         need, H, HV, GROUP=group, K=K, V=V, VU=VU, BT=index.chunk_size, BK=cfg["BK"],
         BV=cfg["BV"], USE_H0=initial_state is not None, H0_EYE=identity_state,

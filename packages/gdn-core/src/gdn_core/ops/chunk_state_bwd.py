@@ -43,6 +43,7 @@ import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.dv_local import dot_precision
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
@@ -143,6 +144,9 @@ def _chunk_state_bwd_kernel(
     tl.store(dh0 + off_state + off_kv, b_dh, mask=m_kv)
 
 
+_CHUNK_STATE_BWD_KERNEL = cached_launch(_chunk_state_bwd_kernel)
+
+
 def chunk_state_bwd_config(K: int, V: int, elem_bytes: int = 2) -> dict:
     """Pinned launch configuration: the whole K extent in one tile, ``BV`` columns.
 
@@ -215,7 +219,7 @@ def chunk_state_bwd(
         dht = dht.contiguous()
     cfg = chunk_state_bwd_config(K, V, k.element_size())
     grid = (triton.cdiv(V, cfg["BV"]), HV, N)
-    _chunk_state_bwd_kernel[grid](
+    _CHUNK_STATE_BWD_KERNEL[grid](
         q, k, W, G, do, dv_local, dht if dht is not None else dh0,
         dh if store else dh0, dv if store else dh0, dh0,
         index.doc_offsets, index.doc_chunk_offsets,

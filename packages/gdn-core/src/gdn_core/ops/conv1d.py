@@ -27,6 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["CONV_FWD_BLOCK_T", "CONV_BLOCK_D", "MAX_TRITON_WIDTH", "conv1d_fwd",
@@ -111,6 +112,9 @@ def _conv1d_fwd_kernel(x, halo, w, bias, y, cu, pos, T, D, n_cu, steps, sxb, sxt
              mask=m_t[:, None] & m_d[None, :])
 
 
+_CONV1D_FWD_KERNEL = cached_launch(_conv1d_fwd_kernel)
+
+
 def doc_source(x: torch.Tensor, offsets: list[int] | None, doc_pos: torch.Tensor | None
                ) -> tuple[int, torch.Tensor, torch.Tensor, int, int]:
     """``(MODE, cu table, doc_pos, n_cu, steps)`` for the kernels (see the module
@@ -149,7 +153,7 @@ def conv1d_fwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     h = halo.contiguous() if has_halo else x
     b = bias.contiguous() if bias is not None else x
     grid = (triton.cdiv(T, CONV_FWD_BLOCK_T), triton.cdiv(D, CONV_BLOCK_D), B)
-    _conv1d_fwd_kernel[grid](
+    _CONV1D_FWD_KERNEL[grid](
         x, h, weight, b, y, cu, pos, T, D, n_cu, steps, *x.stride(), *weight.stride(),
         W=W, ACT=_ACT[activation], HAS_BIAS=bias is not None, HAS_HALO=has_halo, MODE=mode,
         BT=CONV_FWD_BLOCK_T, BD=CONV_BLOCK_D, num_warps=4, num_stages=1)

@@ -37,6 +37,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.ops.conv1d import _ACT, CONV_BLOCK_D, _load_tap, doc_source
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["CONV_BWD_BLOCK_T", "CONV_BWD_TOKEN_BLOCK", "conv1d_bwd"]
@@ -330,6 +331,10 @@ def _conv1d_partials_sum_kernel(part, dw, db, R, D, swd, sww, W: tl.constexpr,
         tl.store(db + d, acc.to(db.dtype.element_ty), mask=m_m & (col == W))
 
 
+_CONV1D_BWD_KERNEL = cached_launch(_conv1d_bwd_kernel)
+_CONV1D_PARTIALS_SUM_KERNEL = cached_launch(_conv1d_partials_sum_kernel)
+
+
 @launcher(uses_atomics=False, kernels=(_conv1d_bwd_kernel, _conv1d_partials_sum_kernel))
 def conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                dy: torch.Tensor, activation: str | None, offsets: list[int] | None,
@@ -370,14 +375,14 @@ def conv1d_bwd(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     d_blocks = triton.cdiv(D, CONV_BLOCK_D)
     ring = torch.empty(B * blocks * d_blocks * 2 * CONV_BWD_BLOCK_T * CONV_BLOCK_D,
                        dtype=torch.float32, device=dev)
-    _conv1d_bwd_kernel[(blocks, d_blocks, B)](
+    _CONV1D_BWD_KERNEL[(blocks, d_blocks, B)](
         x, h, weight, b, dy, dx, dhalo if has_halo else dx, part, ring, cu, pos, T, D, n_cu,
         steps,
         *x.stride(), *dy.stride(), *weight.stride(), W=W, WP=WP, ACT=_ACT[activation],
         HAS_BIAS=bias is not None, HAS_HALO=has_halo, MODE=mode, BT=CONV_BWD_BLOCK_T,
         BD=CONV_BLOCK_D, SUB=CONV_BWD_TOKEN_BLOCK // CONV_BWD_BLOCK_T, num_warps=4,
         num_stages=1)
-    _conv1d_partials_sum_kernel[(triton.cdiv(WP * D, _REDUCE_COLS),)](
+    _CONV1D_PARTIALS_SUM_KERNEL[(triton.cdiv(WP * D, _REDUCE_COLS),)](
         part, dw, db if db is not None else dw, B * blocks, D, *dw.stride(), W=W, WP=WP,
         HAS_BIAS=bias is not None, BR=_REDUCE_ROWS, BM=_REDUCE_COLS, num_warps=4,
         num_stages=1)

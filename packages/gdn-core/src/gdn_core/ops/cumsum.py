@@ -12,6 +12,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import MIN_LOG_DECAY, ChunkIndex
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["chunk_cumsum_fwd", "chunk_cumsum_rev"]
@@ -44,6 +45,9 @@ def _chunk_cumsum_kernel(
     # lets them change a valid row.
     b = tl.cumsum(b, axis=0, reverse=REVERSE)
     tl.store(y + offs, b, mask=mask)
+
+
+_CHUNK_CUMSUM_KERNEL = cached_launch(_chunk_cumsum_kernel)
 
 
 def _launch_spec(x: torch.Tensor, index: ChunkIndex, reverse: bool):
@@ -82,7 +86,7 @@ def chunk_cumsum_fwd(g: torch.Tensor, index: ChunkIndex) -> torch.Tensor:
     """
     G, grid, args, constexprs = _launch_spec(g, index, reverse=False)
     if grid is not None:
-        _chunk_cumsum_kernel[grid](*args, **constexprs)
+        _CHUNK_CUMSUM_KERNEL[grid](*args, **constexprs)
     return G
 
 
@@ -101,5 +105,5 @@ def chunk_cumsum_rev(dG: torch.Tensor, index: ChunkIndex) -> torch.Tensor:
     """
     dg, grid, args, constexprs = _launch_spec(dG, index, reverse=True)
     if grid is not None:
-        _chunk_cumsum_kernel[grid](*args, **constexprs)
+        _CHUNK_CUMSUM_KERNEL[grid](*args, **constexprs)
     return dg

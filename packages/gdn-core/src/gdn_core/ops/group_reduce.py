@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["group_reduce", "group_reduce_atomic"]
@@ -69,6 +70,10 @@ def _group_reduce_atomic_kernel(
                   mask=m)
 
 
+_GROUP_REDUCE_ATOMIC_KERNEL = cached_launch(_group_reduce_atomic_kernel)
+_GROUP_REDUCE_KERNEL = cached_launch(_group_reduce_kernel)
+
+
 def _blocks(D: int) -> tuple[int, int]:
     BD = triton.next_power_of_2(D)
     return max(1, 4096 // BD), BD
@@ -86,7 +91,7 @@ def group_reduce(
     if T == 0:
         return out
     BT, BD = _blocks(D)
-    _group_reduce_kernel[(triton.cdiv(T, BT), H)](
+    _GROUP_REDUCE_KERNEL[(triton.cdiv(T, BT), H)](
         x, out, T, H=H, D=D, GROUP=group, BT=BT, BD=BD, num_warps=4, num_stages=1
     )
     return out
@@ -100,7 +105,7 @@ def group_reduce_atomic(x: torch.Tensor, group: int, out_dtype: torch.dtype) -> 
     acc = torch.zeros(T, H, D, dtype=torch.float32, device=x.device)
     if T > 0:
         BT, BD = _blocks(D)
-        _group_reduce_atomic_kernel[(triton.cdiv(T, BT), HV)](
+        _GROUP_REDUCE_ATOMIC_KERNEL[(triton.cdiv(T, BT), HV)](
             x, acc, T, H=H, D=D, GROUP=group, BT=BT, BD=BD, num_warps=4, num_stages=1
         )
     return acc if out_dtype == torch.float32 else acc.to(out_dtype)

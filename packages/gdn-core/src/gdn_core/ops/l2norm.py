@@ -12,6 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["l2norm_fwd", "l2norm_bwd", "L2NORM_EPS"]
@@ -50,6 +51,10 @@ def _l2norm_bwd_kernel(y, rstd, dy, dx, R, D: tl.constexpr, BR: tl.constexpr, BD
     tl.store(dx + offs, b_dx.to(dx.dtype.element_ty), mask=mask)
 
 
+_L2NORM_BWD_KERNEL = cached_launch(_l2norm_bwd_kernel)
+_L2NORM_FWD_KERNEL = cached_launch(_l2norm_fwd_kernel)
+
+
 def _rows(D: int) -> tuple[int, int]:
     BD = triton.next_power_of_2(D)
     return max(1, min(64, 4096 // BD)), BD
@@ -76,7 +81,7 @@ def l2norm_fwd(x: torch.Tensor, eps: float = L2NORM_EPS) -> tuple[torch.Tensor, 
         return y, rstd
     rows = x if x.dim() == 3 and x.stride(-1) == 1 else x.contiguous().view(-1, 1, D)
     BR, BD = _rows(D)
-    _l2norm_fwd_kernel[(triton.cdiv(R, BR),)](
+    _L2NORM_FWD_KERNEL[(triton.cdiv(R, BR),)](
         rows, y, rstd, R, rows.shape[1], rows.stride(0), rows.stride(1), D, eps, BR=BR, BD=BD,
         num_warps=4, num_stages=1
     )
@@ -111,7 +116,7 @@ def l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor,
     if R == 0 or D == 0:
         return dx
     BR, BD = _rows(D)
-    _l2norm_bwd_kernel[(triton.cdiv(R, BR),)](
+    _L2NORM_BWD_KERNEL[(triton.cdiv(R, BR),)](
         y, rstd, dy, dx, R, D, BR=BR, BD=BD, num_warps=4, num_stages=1
     )
     return dx

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
@@ -87,6 +88,9 @@ def _chunk_output_fwd_kernel(
     tl.store(p_o, (b_o * scale).to(o.dtype.element_ty), mask=mt[:, None] & mv[None, :])
 
 
+_CHUNK_OUTPUT_FWD_KERNEL = cached_launch(_chunk_output_fwd_kernel)
+
+
 def chunk_output_config(K: int, V: int) -> dict[str, int]:
     """Pinned launch configuration of the output kernel for head dims ``K, V``."""
     BK = dot_tile(K, 64)
@@ -146,7 +150,7 @@ def chunk_output_fwd(
         return o
     cfg = chunk_output_config(K, V)
     grid = (triton.cdiv(V, cfg["BV"]), NT, HV)
-    _chunk_output_fwd_kernel[grid](
+    _CHUNK_OUTPUT_FWD_KERNEL[grid](
         q, k, v_new, h, G, o, index.chunk_start, index.chunk_len, float(scale), H, HV,
         GROUP=group, K=K, V=V, BT=index.chunk_size, BK=cfg["BK"], BV=cfg["BV"],
         PREC="ieee" if q.dtype == torch.float32 else "tf32",

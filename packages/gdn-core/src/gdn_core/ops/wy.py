@@ -43,6 +43,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile, unit_last
 
@@ -241,6 +242,9 @@ def _wy_kernel(
                     g, b, t, n, K, V, BK, BV, PREC, DOT16)
 
 
+_WY_KERNEL = cached_launch(_wy_kernel)
+
+
 def _check_dims(K: int, V: int) -> None:
     for name, d in (("K", K), ("V", V)):
         if d % 16 != 0 or not 16 <= d <= 256:
@@ -310,7 +314,7 @@ def wy_fwd(
     A_inv = torch.empty(k.shape[0], v.shape[1], 64, dtype=torch.float32, device=k.device)
     W, U, grid, args, constexprs = _launch_spec(k, v, beta, G, A_inv, index, group, invert=True)
     if grid is not None:
-        _wy_kernel[grid](*args, **constexprs)
+        _WY_KERNEL[grid](*args, **constexprs)
     return (A_inv if output_A_inv else None), W, U
 
 
@@ -385,5 +389,5 @@ def wy_apply(
     W, U, grid, args, constexprs = _launch_spec(k, v, beta, G, A_inv, index, group,
                                                 invert=False)
     if grid is not None:
-        _wy_kernel[grid](*args, **constexprs)
+        _WY_KERNEL[grid](*args, **constexprs)
     return W, U

@@ -10,7 +10,9 @@ is described at its own strides instead of being copied.
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import threading
 
 import torch
 
@@ -21,7 +23,7 @@ except Exception:  # noqa: BLE001 - the kernels' modules report Gluon's absence 
     gl = None
     TensorDescriptor = None
 
-__all__ = ["descriptor", "rows_view"]
+__all__ = ["descriptor", "ensure_context", "rows_view"]
 
 _TMA_ALIGN = 16  # bytes: TMA's base-address and stride granularity
 
@@ -57,8 +59,49 @@ def _shared_layout(block: tuple[int, ...], dtype: torch.dtype):
     return gl.NVMMASharedLayout.get_default_for(list(block), dt)
 
 
+_THREAD = threading.local()
+
+
+@functools.cache
+def _libcuda() -> ctypes.CDLL:
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def ensure_context(device: torch.device) -> None:
+    """Make the device's primary CUDA context current in this thread, once per thread.
+
+    Triton fills a host TMA descriptor (``cuTensorMapEncodeTiled``) before its launcher
+    binds a context, so a Gluon kernel launched first in a thread that never touched the
+    GPU (a worker thread running a backward) fails with "invalid device context". A
+    thread that already has a current context is left as it is.
+
+    Raises:
+        RuntimeError: the CUDA driver refuses (its error code in the message).
+    """
+    if getattr(_THREAD, "bound", False):
+        return
+    cuda = _libcuda()
+    ctx = ctypes.c_void_p()
+    _check(cuda.cuCtxGetCurrent(ctypes.byref(ctx)), "cuCtxGetCurrent")
+    if not ctx.value:
+        dev = ctypes.c_int()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        _check(cuda.cuDeviceGet(ctypes.byref(dev), index), "cuDeviceGet")
+        _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev), "cuDevicePrimaryCtxRetain")
+        _check(cuda.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
+    _THREAD.bound = True
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} failed with CUDA driver error {status}")
+
+
 def descriptor(x2d: torch.Tensor, block: list[int]):
     """A TMA descriptor over the 2-D 16-bit tensor ``x2d`` (see :func:`rows_view`) for
     tiles of ``block``, in the NVMMA shared-memory layout a ``warpgroup_mma`` reads.
-    CPU tensors suffice (``tools/sm90_report.py`` builds them to compile)."""
+    CPU tensors suffice (``tools/sm90_report.py`` builds them to compile); for a CUDA
+    tensor the thread gets a current context first (:func:`ensure_context`)."""
+    if x2d.is_cuda:
+        ensure_context(x2d.device)
     return TensorDescriptor.from_tensor(x2d, block, _shared_layout(tuple(block), x2d.dtype))

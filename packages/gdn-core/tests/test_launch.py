@@ -1,0 +1,95 @@
+"""The launch cache's specialisation key (gdn_core.ops.launch).
+
+A cached launch reuses the kernel Triton compiled for an earlier call, so its key must
+separate every pair of calls Triton would compile differently: these tests build the
+key of a real ``@triton.jit`` signature (a ``JITFunction`` made directly, whatever
+``TRITON_INTERPRET`` says) and check each distinction. The cached launch itself runs
+only on CUDA (``tests/test_launch_gpu.py``); on CPU every launch goes through Triton.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import triton.language as tl
+from gdn_core.ops.launch import CachedLauncher
+from triton.runtime.jit import JITFunction
+
+
+def _kernel(x, y, n, scale, flag, opt, BLOCK: tl.constexpr, MODE: tl.constexpr = "a"):
+    pass
+
+
+@pytest.fixture
+def cached() -> CachedLauncher:
+    return CachedLauncher(JITFunction(_kernel))
+
+
+def _key(cached: CachedLauncher, *args, device: int = 0, **kwargs):
+    values = cached.bind(args, kwargs)
+    return None if values is None else cached.specialisation_key(device, values, kwargs)
+
+
+def _args(**over):
+    base = dict(x=torch.zeros(8), y=torch.zeros(8, dtype=torch.float16), n=7, scale=0.5,
+                flag=True, opt=None)
+    base.update(over)
+    return tuple(base.values())
+
+
+def test_bind_orders_every_parameter_and_applies_defaults(cached):
+    x = torch.zeros(4)
+    assert cached.bind((x, x, 3, 1.0, False, None), {"BLOCK": 16}) == [
+        x, x, 3, 1.0, False, None, 16, "a"]
+    assert cached.bind((x,), {"y": x, "n": 3, "scale": 1.0, "flag": False, "opt": None,
+                              "BLOCK": 16, "MODE": "b"})[-1] == "b"
+    assert cached.bind((x,), {"BLOCK": 16}) is None  # missing arguments: Triton reports
+
+
+def test_equal_calls_share_a_key_and_launch_options_count(cached):
+    a = _key(cached, *_args(), BLOCK=16, num_warps=4)
+    assert a == _key(cached, *_args(), BLOCK=16, num_warps=4)
+    assert a != _key(cached, *_args(), BLOCK=16, num_warps=8)
+    assert a != _key(cached, *_args(), BLOCK=16)
+    assert a != _key(cached, *_args(), BLOCK=16, num_warps=4, device=1)
+
+
+def test_constexpr_values_are_part_of_the_key(cached):
+    assert _key(cached, *_args(), BLOCK=16) != _key(cached, *_args(), BLOCK=32)
+    assert _key(cached, *_args(), BLOCK=16) != _key(cached, *_args(), BLOCK=16, MODE="b")
+
+
+def test_tensor_dtype_and_alignment_are_part_of_the_key(cached):
+    buf = torch.zeros(64)
+    aligned = _key(cached, *_args(x=buf[4:]), BLOCK=16)  # 16 bytes in: still aligned
+    assert aligned == _key(cached, *_args(x=buf), BLOCK=16)
+    assert aligned != _key(cached, *_args(x=buf[1:]), BLOCK=16)  # 4 bytes in
+    assert aligned != _key(cached, *_args(x=buf.double()), BLOCK=16)
+
+
+def test_int_arguments_key_on_what_triton_specialises(cached):
+    def k(n):
+        return _key(cached, *_args(n=n), BLOCK=16)
+
+    assert k(7) == k(9)  # neither 1 nor a multiple of 16: one kernel serves both
+    assert k(32) == k(48)
+    assert len({k(1), k(7), k(32), k(2**31), k(2**63)}) == 5
+
+
+def test_float_bool_none_key_on_kind_not_value(cached):
+    assert _key(cached, *_args(scale=0.5), BLOCK=16) == _key(cached, *_args(scale=2.0), BLOCK=16)
+    assert _key(cached, *_args(flag=True), BLOCK=16) == _key(cached, *_args(flag=False), BLOCK=16)
+    assert _key(cached, *_args(opt=None), BLOCK=16) != _key(cached, *_args(opt=3), BLOCK=16)
+
+
+def test_an_argument_of_another_kind_takes_tritons_path(cached):
+    assert _key(cached, *_args(opt=object()), BLOCK=16) is None
+    assert _key(cached, *_args(opt=[1, 2]), BLOCK=16) is None
+
+
+def test_without_a_compiled_kernel_the_wrapper_is_the_kernel():
+    class Plain:
+        def __getitem__(self, grid):
+            return ("plain", grid)
+
+    assert CachedLauncher(Plain())[(3, 1)] == ("plain", (3, 1))
