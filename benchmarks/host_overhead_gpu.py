@@ -134,27 +134,46 @@ def _sync_warnings(step: Callable[[], None], cuda: bool,
     return len(found)
 
 
-def _triton_launch_us(device: str, n: int = 2000) -> float | None:
-    """Host µs per launch of an empty Triton kernel (the launch path's own cost)."""
+def _triton_launch_us(device: str, n: int = 2000) -> dict | None:
+    """Host µs per launch of an empty Triton kernel and of one with 24 arguments (12
+    tensors, 12 ints: the width of this library's kernels), each through Triton's
+    ``kernel[grid]`` and through the launch cache (:mod:`gdn_core.ops.launch`)."""
     if device != "cuda":
         return None
     import triton
     import triton.language as tl
+    from gdn_core.ops.launch import CachedLauncher
 
     @triton.jit
     def _empty(x):
         tl.program_id(0)
 
-    x = torch.empty(1, device=device)
-    for _ in range(10):
-        _empty[(1,)](x)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        _empty[(1,)](x)
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) * 1e6 / n
+    @triton.jit
+    def _wide(a0, a1, a2, a3, a4, a5, a6, a7, a8, a9, a10, a11,
+              n0, n1, n2, n3, n4, n5, n6, n7, n8, n9, n10, n11, B: tl.constexpr):
+        tl.program_id(0)
+
+    x = torch.empty(64, device=device)
+    wide_args = [x] * 12 + [7, 16, 3, 128, 5, 6, 7, 8, 9, 10, 11, 12]
+
+    def timed(launch) -> float:
+        for _ in range(10):
+            launch()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            launch()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        return (t1 - t0) * 1e6 / n
+
+    cached_empty, cached_wide = CachedLauncher(_empty), CachedLauncher(_wide)
+    return {
+        "empty_triton": timed(lambda: _empty[(1,)](x)),
+        "empty_cached": timed(lambda: cached_empty[(1,)](x)),
+        "wide_triton": timed(lambda: _wide[(1,)](*wide_args, B=64)),
+        "wide_cached": timed(lambda: cached_wide[(1,)](*wide_args, B=64)),
+    }
 
 
 def _graph_replay_ms(fn: Callable, ins, do, iters: int) -> float:
@@ -256,7 +275,10 @@ def main() -> None:
             ratio = results[name]["host_ms"] / results["fla"]["host_ms"]
             print(f"{name} host / fla host: {ratio:.2f}")
     if results["triton_launch_us"] is not None:
-        print(f"Triton launch (empty kernel): {results['triton_launch_us']:.1f} us host each")
+        us = results["triton_launch_us"]
+        print(f"Triton launch host us each: empty kernel {us['empty_triton']:.1f} (cached "
+              f"{us['empty_cached']:.1f}), 24 arguments {us['wide_triton']:.1f} (cached "
+              f"{us['wide_cached']:.1f})")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

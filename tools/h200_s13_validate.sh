@@ -13,8 +13,11 @@
 #   call 3 (carry [".whl-base"], short), then call 4 (carry [".whl"], ~500 s):
 #       bash tools/h200_s13_validate.sh 3 ; bash tools/h200_s13_validate.sh 4
 #       det (GDN_CORE_GLUON=$QLA_GLUON, default all; GDN_CORE_BWD_SLAB_TOKENS=$QLA_SLAB,
-#       default 8192) against FlashQLA on issue 19's six shapes, HV32 first (session 12's
-#       run timed out before it)
+#       default off: call 1 measured slabs of 8192 at 2.5x the time) against FlashQLA on
+#       issue 19's six shapes, HV32 first (session 12's run timed out before it)
+#   call 5 (~330 s): bash tools/h200_s13_validate.sh 5   every gpu-marked test, verbose
+#   call 6 (~250 s): bash tools/h200_s13_validate.sh 6   probes of the session's kernels;
+#       host time at T1024 and end to end with the launch cache on and off
 #
 # Everything lands in $OUT/s13_<step>.tgz (logs inside). Only -m gpu tests: on a GPU
 # machine the interpreter tests see kernels bound to the GPU at import.
@@ -80,11 +83,37 @@ step4() {
   [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: run step 3 first, right before"; return 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
   export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base"
-  GDN_CORE_GLUON=${QLA_GLUON-all} GDN_CORE_BWD_SLAB_TOKENS=${QLA_SLAB-8192} \
+  GDN_CORE_GLUON=${QLA_GLUON-all} GDN_CORE_BWD_SLAB_TOKENS=${QLA_SLAB-} \
     timeout 540 python3 benchmarks/bench_gdn_train.py --arms det \
     --compare flashqla --warmup 5 --iters 20 --shapes "$SHAPES6" --acc-shapes "B1,T512,H16" \
     --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
   echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla )" "$LOG/qla.md" | cut -c1-200
+}
+
+step5() {  # the GPU tests (every gpu-marked test of the GDN packages), verbose per test
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
+    -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra packages/gdn-core/tests \
+    packages/gdn-det-train/tests packages/gdn-train/tests packages/gdn-det-train-kcp/tests \
+    > "$LOG/gpu_tests.log" 2>&1
+  echo "gpu tests exit $?"; grep -cE "PASSED" "$LOG/gpu_tests.log"
+  grep -E "FAILED|ERROR|^(FAILED|ERROR) |passed|failed" "$LOG/gpu_tests.log" | sort | uniq | tail -25
+}
+
+step6() {  # probes of this session's kernels; host and end-to-end A/B of the launch cache
+  for p in benchmarks/gluon_dv_local_probe.py benchmarks/fused_*_probe.py; do
+    [[ -f $p ]] || continue
+    timeout 70 python3 "$p" > "$LOG/$(basename "$p" .py).txt" 2>&1
+    echo "$p exit $?"; grep -vE "^\s*$" "$LOG/$(basename "$p" .py).txt" | tail -8 | cut -c1-220
+  done
+  for fl in 1 0; do
+    GDN_CORE_FAST_LAUNCH=$fl timeout 60 python3 benchmarks/host_overhead_gpu.py --no-fla \
+      --no-graph --iters 100 --repeats 3 > "$LOG/host_T1024_fast$fl.txt" 2>&1
+    echo "host T1024 fast=$fl exit $?"; grep -E "host|launch" "$LOG/host_T1024_fast$fl.txt"
+    GDN_CORE_FAST_LAUNCH=$fl e2e "fast$fl" "" "B1,T8192,H16;B4,T8192,H16;B1,T32768,H16,D8"
+  done
+  for v in ${FUSED_ENVS:-}; do  # e.g. FUSED_ENVS="GDN_CORE_FUSED_FWD=1 GDN_CORE_FUSED_BWD=1"
+    env "$v" bash -c "$(declare -f e2e); LOG=$LOG; e2e '$v' '' 'B1,T8192,H16;B1,T32768,H16,D8;B1,T32768,H16'"
+  done
 }
 
 case "${1:-}" in
@@ -92,6 +121,8 @@ case "${1:-}" in
   2) step2 ;;
   3) step3 ;;
   4) step4 ;;
-  *) echo "usage: bash tools/h200_s13_validate.sh 1|2|3|4"; exit 2 ;;
+  5) step5 ;;
+  6) step6 ;;
+  *) echo "usage: bash tools/h200_s13_validate.sh 1|2|3|4|5|6"; exit 2 ;;
 esac
 tar czf "$OUT/s13_${1}.tgz" -C "$OUT" s13 && rm -rf "$OUT/s13"
