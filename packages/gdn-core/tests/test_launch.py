@@ -93,3 +93,18 @@ def test_without_a_compiled_kernel_the_wrapper_is_the_kernel():
             return ("plain", grid)
 
     assert CachedLauncher(Plain())[(3, 1)] == ("plain", (3, 1))
+
+
+def test_a_gluon_descriptor_keys_on_dtype_block_and_layout(cached):
+    tma = pytest.importorskip("gdn_core.ops.gluon.tma")
+    if tma.TensorDescriptor is None:
+        pytest.skip("this Triton has no Gluon TMA descriptor")
+
+    def k(x, block):
+        return _key(cached, *_args(opt=tma.descriptor(x, block)), BLOCK=16)
+
+    a = torch.zeros(256, 128, dtype=torch.bfloat16)
+    b = torch.ones(512, 128, dtype=torch.bfloat16)  # other base, other rows: runtime values
+    assert k(a, [64, 128]) == k(b, [64, 128])
+    assert k(a, [64, 128]) != k(a, [64, 64])
+    assert k(a, [64, 128]) != k(a.half(), [64, 128])

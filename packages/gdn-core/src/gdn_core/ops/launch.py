@@ -15,12 +15,14 @@ argument from what the call passes:
 * a tensor: its dtype and whether its address is a multiple of 16;
 * an int: whether it is 1, whether it is a multiple of 16, and its width (i32/i64/u64);
 * a float, a bool, ``None``: the kind only (Triton does not specialise on their values);
+* a Gluon TMA descriptor: its dtype, block shape and shared layout (the layout object
+  itself: equal layouts built twice take two entries);
 * a ``tl.constexpr`` parameter and every launch option (``num_warps``...): the value;
 * the current CUDA device.
 
 A call whose key has been seen runs the kernel Triton compiled for that key, so it
-launches exactly what ``kernel[grid]`` would have. An argument of any other kind (a TMA
-descriptor, say), Triton's interpreter, or a launch hook installed by a profiler sends
+launches exactly what ``kernel[grid]`` would have. An argument of any other kind,
+Triton's interpreter, or a launch hook installed by a profiler sends
 the call through ``kernel[grid]`` unchanged. ``GDN_CORE_FAST_LAUNCH=0`` (read at
 import) turns the cache off, for comparison.
 """
@@ -55,6 +57,11 @@ if _raw_stream is None:  # a torch without it: the Stream object's handle
     def _raw_stream(device: int) -> int:
         return torch.cuda.current_stream(device).cuda_stream
 
+try:  # Gluon's host TMA descriptor (Triton 3.6): specialised on dtype, block and layout
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as _GluonDescriptor
+except Exception:  # noqa: BLE001 - no Gluon: such an argument never appears
+    _GluonDescriptor = None
+
 _INT32 = (-(2**31), 2**31)
 _INT64 = (-(2**63), 2**63)
 _UNSUPPORTED = object()
@@ -78,7 +85,27 @@ def _runtime_class(v: Any) -> Any:
         return "fp32"
     if v is None:
         return "none"
+    if cls is _GluonDescriptor and cls is not None:
+        # Triton's type names the block's dtype, shape and shared layout; the base address,
+        # shape and strides are filled in at each launch. The layout (unhashable) keys by
+        # identity, held by the key so that its id cannot be reused.
+        return "desc", v.base.dtype, tuple(v.block_shape), _Same(v.layout)
     return _UNSUPPORTED
+
+
+class _Same:
+    """Wraps an object so that it hashes and compares by identity."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Same) and other.obj is self.obj
 
 
 class CachedLauncher:

@@ -113,6 +113,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma_wait,
 )
 from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_CHUNK_GRADS_WARPS", "chunk_grads_bwd_gluon", "gluon_chunk_grads_supported"]
@@ -392,6 +393,9 @@ def _chunk_grads_bwd_gluon_kernel(
     gl.store(dbeta + p_s + rows * HV, b_db.to(dbeta.dtype.element_ty), mask=m)
 
 
+_CHUNK_GRADS_BWD_GLUON_KERNEL = cached_launch(_chunk_grads_bwd_gluon_kernel)
+
+
 def gluon_chunk_grads_supported(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor,
                                 index: ChunkIndex) -> bool:
     """Whether :func:`chunk_grads_bwd_gluon` serves these shapes and dtypes (the device is
@@ -525,7 +529,7 @@ def chunk_grads_bwd_gluon(
     if ready is not None:
         descs, G, beta = ready
         HV = v.shape[1]
-        _chunk_grads_bwd_gluon_kernel[(index.num_chunks, HV)](
+        _CHUNK_GRADS_BWD_GLUON_KERNEL[(index.num_chunks, HV)](
             *descs.values(), G, beta, *outs, index.chunk_start, index.chunk_len, float(scale),
             HV, GROUP=group, K=_K, V=_V, BT=_BT, num_warps=GLUON_CHUNK_GRADS_WARPS,
         )

@@ -96,6 +96,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_CHUNK_GRADS_PIPELINED_WARPS", "chunk_grads_bwd_gluon_pipelined",
@@ -416,6 +417,9 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         mbarrier.invalidate(bars.index(i))
 
 
+_CHUNK_GRADS_BWD_GLUON_PIPELINED_KERNEL = cached_launch(_chunk_grads_bwd_gluon_pipelined_kernel)
+
+
 def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -462,7 +466,7 @@ def chunk_grads_bwd_gluon_pipelined(
         HV = v.shape[1]
         n_tiles = index.num_chunks * HV
         grid = persistent_grid(n_tiles, _num_sms(q.device))
-        _chunk_grads_bwd_gluon_pipelined_kernel[(grid,)](
+        _CHUNK_GRADS_BWD_GLUON_PIPELINED_KERNEL[(grid,)](
             *descs.values(), G, beta, *outs, index.chunk_start, index.chunk_len, float(scale),
             HV, n_tiles, GROUP=group, K=_K, V=_V, BT=_BT,
             num_warps=GLUON_CHUNK_GRADS_PIPELINED_WARPS,

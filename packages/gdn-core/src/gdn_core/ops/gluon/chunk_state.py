@@ -92,6 +92,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma_wait,
 )
 from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_STATE_BV", "GLUON_STATE_STAGES", "chunk_state_fwd_gluon",
@@ -268,6 +269,9 @@ def _chunk_state_fwd_gluon_kernel(
         gl.store(p_t + ((rk * V)[:, None] + rv[None, :]), S)
 
 
+_CHUNK_STATE_FWD_GLUON_KERNEL = cached_launch(_chunk_state_fwd_gluon_kernel)
+
+
 def gluon_chunk_state_supported(
     k: torch.Tensor,
     W: torch.Tensor,
@@ -406,7 +410,7 @@ def chunk_state_fwd_gluon(
         return h, v_new, final
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     descs = _descriptors(k, W, U, h, v_new, BV)
-    _chunk_state_fwd_gluon_kernel[(V // BV, N, HV)](
+    _CHUNK_STATE_FWD_GLUON_KERNEL[(V // BV, N, HV)](
         *descs.values(), G, initial_state, v_new if v_new is not None else U, final,
         index.doc_offsets, index.doc_chunk_offsets, HV,
         GROUP=group, K=K, V=V, BT=_BT, BV=BV, STAGES=GLUON_STATE_STAGES,

@@ -99,6 +99,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma_wait,
 )
 from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = [
@@ -293,6 +294,9 @@ def _chunk_state_bwd_gluon_kernel(
     gl.store(dh0 + off_state + off_e, ds)
 
 
+_CHUNK_STATE_BWD_GLUON_KERNEL = cached_launch(_chunk_state_bwd_gluon_kernel)
+
+
 def gluon_state_bwd_supported(q: torch.Tensor, W: torch.Tensor, do: torch.Tensor,
                               dv_local: torch.Tensor, index: ChunkIndex) -> bool:
     """Whether :func:`chunk_state_bwd_gluon` serves these shapes and dtypes (the device is
@@ -430,7 +434,7 @@ def chunk_state_bwd_gluon(
     descs = _descriptors(q, k, W, do, dv_local, dv if store else dv_local,
                          dh if store else dummy, BV)
     grid = (V // BV, HV, N)
-    _chunk_state_bwd_gluon_kernel[grid](
+    _CHUNK_STATE_BWD_GLUON_KERNEL[grid](
         *descs.values(), G, dht if dht is not None else dh0, dv if store else dh0, dh0,
         index.doc_offsets, index.doc_chunk_offsets,
         need if need is not None else index.doc_chunk_offsets, float(scale), HV,

@@ -83,6 +83,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma_wait,
 )
 from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = [
@@ -210,6 +211,9 @@ def _dv_local_gluon_kernel(
         _store_rows(dv, out, bos, n, i_hv, HV, V, BT, io_layout)
 
 
+_DV_LOCAL_GLUON_KERNEL = cached_launch(_dv_local_gluon_kernel)
+
+
 @gluon.jit
 def _store_rows(dv, out, bos, n, i_hv, HV, V: gl.constexpr, BT: gl.constexpr,
                 io_layout: gl.constexpr):
@@ -314,7 +318,7 @@ def dv_local_bwd_gluon(
     d = _descriptors(q, k, do, out)
     warps = GLUON_DV_LOCAL_WARPS
     cap = {"maxnreg": GLUON_DV_LOCAL_MAXNREG} if warps == 4 and GLUON_DV_LOCAL_MAXNREG else {}
-    _dv_local_gluon_kernel[(NT, HV)](
+    _DV_LOCAL_GLUON_KERNEL[(NT, HV)](
         d["q_desc"], d["k_desc"], d["do_desc"], d["dv_desc"], G, out, index.chunk_start,
         index.chunk_len, float(scale), HV,
         GROUP=group, K=K, V=V, BT=_BT, TMA_STORE=GLUON_DV_LOCAL_TMA_STORE,

@@ -85,6 +85,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma_wait,
 )
 from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_OUTPUT_WARPS", "chunk_output_fwd_gluon", "gluon_output_supported"]
@@ -198,6 +199,9 @@ def _chunk_output_fwd_gluon_kernel(
     gl.store(p_o + offs, out, mask=mask)
 
 
+_CHUNK_OUTPUT_FWD_GLUON_KERNEL = cached_launch(_chunk_output_fwd_gluon_kernel)
+
+
 def gluon_output_supported(q: torch.Tensor, v_new: torch.Tensor, h: torch.Tensor,
                            index: ChunkIndex) -> bool:
     """Whether :func:`chunk_output_fwd_gluon` serves these shapes and dtypes (the device
@@ -275,7 +279,7 @@ def chunk_output_fwd_gluon(
     k_desc = descriptor(rows_view(k), [_BT, K])
     v_desc = descriptor(rows_view(v_new), [_BT, V])
     h_desc = descriptor(rows_view(h.flatten(0, 2)), [K, V])
-    _chunk_output_fwd_gluon_kernel[(NT, HV)](
+    _CHUNK_OUTPUT_FWD_GLUON_KERNEL[(NT, HV)](
         q_desc, k_desc, v_desc, h_desc, G, o, index.chunk_start, index.chunk_len, float(scale), HV,
         GROUP=group, K=K, V=V, BT=_BT, num_warps=GLUON_OUTPUT_WARPS,
     )

@@ -126,6 +126,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma_wait,
 )
 from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_WY_APPLY_WARPS", "GLUON_WY_WARPS", "gluon_wy_apply_supported",
@@ -438,6 +439,10 @@ def _wy_apply_gluon_kernel(
         mbarrier.invalidate(bars.index(i))
 
 
+_WY_APPLY_GLUON_KERNEL = cached_launch(_wy_apply_gluon_kernel)
+_WY_FWD_GLUON_KERNEL = cached_launch(_wy_fwd_gluon_kernel)
+
+
 def gluon_wy_supported(k: torch.Tensor, v: torch.Tensor, index: ChunkIndex) -> bool:
     """Whether :func:`wy_fwd_gluon` serves these shapes and dtypes (the device is not
     checked, nor beta/G): K = V = 128, chunks of 64, k and v of one 16-bit dtype."""
@@ -540,7 +545,7 @@ def wy_fwd_gluon(
     if index.num_chunks == 0 or HV == 0 or T == 0:
         return (A_inv if output_A_inv else None), W, U
     beta, G = _small_inputs(beta, G)
-    _wy_fwd_gluon_kernel[(index.num_chunks, HV)](
+    _WY_FWD_GLUON_KERNEL[(index.num_chunks, HV)](
         **_descriptors(k, v, W, U), beta=beta, G=G, A_inv=A_inv, W=W, U=U,
         chunk_start=index.chunk_start, chunk_len=index.chunk_len, HV=HV,
         GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=output_A_inv, num_warps=GLUON_WY_WARPS,
@@ -597,7 +602,7 @@ def wy_apply_gluon(
     beta, G = _small_inputs(beta, G)
     if A_inv.dtype != k.dtype:
         A_inv = A_inv.to(k.dtype)
-    _wy_apply_gluon_kernel[(index.num_chunks, HV)](
+    _WY_APPLY_GLUON_KERNEL[(index.num_chunks, HV)](
         **_descriptors(k, v, W, U), a_desc=descriptor(rows_view(A_inv), [_BT, _BT]),
         beta=beta, G=G, W=W, U=U, chunk_start=index.chunk_start, chunk_len=index.chunk_len,
         HV=HV, GROUP=group, K=_K, V=_V, BT=_BT, num_warps=GLUON_WY_APPLY_WARPS,
