@@ -111,6 +111,9 @@ step6() {  # probes of this session's kernels; host and end-to-end A/B of the la
     echo "host T1024 fast=$fl exit $?"; grep -E "host|launch" "$LOG/host_T1024_fast$fl.txt"
     GDN_CORE_FAST_LAUNCH=$fl e2e "fast$fl" "" "B1,T8192,H16;B4,T8192,H16;B1,T32768,H16,D8"
   done
+  (cd benchmarks && timeout 60 python3 profile_gdn.py --shapes 1x32768x16x8 --segments 4096 \
+    --iters 10 > "$LOG/profile_T32768_D8.txt" 2>&1)
+  grep -E "===|_kernel" "$LOG/profile_T32768_D8.txt" | awk '{print $1, $(NF-3), $NF}' | head -16
   for v in ${FUSED_ENVS:-}; do  # e.g. FUSED_ENVS="GDN_CORE_FUSED_FWD=1 GDN_CORE_FUSED_BWD=1"
     env "$v" bash -c "$(declare -f e2e); LOG=$LOG; e2e '$v' '' 'B1,T8192,H16;B1,T32768,H16,D8;B1,T32768,H16'"
   done
