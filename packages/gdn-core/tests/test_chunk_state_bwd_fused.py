@@ -190,3 +190,43 @@ def test_backward_routes_to_the_fused_kernel(group, monkeypatch):
     assert not names & {"dv_local_bwd", "chunk_state_bwd"}
     for i, (a, b) in enumerate(zip(fused, base)):
         assert torch.equal(a, b), i
+
+
+def test_det_api_in_slabs_routes_to_the_fused_kernel(monkeypatch):
+    """The public det API, unsegmented, the last phase in slabs (the backward gets no
+    ``dv_local``): with the decision forced on, the fused kernel runs and every gradient
+    keeps its bits."""
+    det = pytest.importorskip("gdn_det_train")
+    from gdn_core import bwd_slabs
+
+    lengths, D, HV = [50, 5, 80], 16, 2
+    gen = torch.Generator().manual_seed(3)
+    T = sum(lengths)
+    shapes = [(1, T, 1, D), (1, T, 1, D), (1, T, HV, D), (1, T, HV), (1, T, HV)]
+    base = [torch.randn(*s, generator=gen) for s in shapes]
+    base[3] = torch.nn.functional.logsigmoid(base[3]) * 0.1
+    base[4] = base[4].sigmoid()
+    h0 = torch.randn(len(lengths), HV, D, D, generator=gen)
+    do = torch.randn(1, T, HV, D, generator=gen).half()
+    dht = torch.randn(len(lengths), HV, D, D, generator=gen)
+    monkeypatch.setenv(bwd_slabs.SLAB_ENV, "40")  # two slabs: documents 0 | 1, 2
+
+    def run():
+        leaves = [x.to(torch.float32 if i == 3 else torch.float16).requires_grad_()
+                  for i, x in enumerate(base)]
+        init = h0.clone().requires_grad_()
+        with record_launches() as launches:
+            o, ht = det.chunk_gated_delta_rule_det(
+                *leaves, initial_state=init, output_final_state=True,
+                cu_seqlens=offsets_of(lengths), use_qk_l2norm_in_kernel=True, segment_size=0)
+            ((o.float() * do.float()).sum() + (ht * dht).sum()).backward()
+        grads = [x.grad for x in leaves] + [init.grad]
+        return grads, {x.name.rsplit(".", 1)[-1] for x in launches}
+
+    want, names = run()
+    assert "dv_local_bwd" in names and "chunk_state_bwd_fused" not in names
+    monkeypatch.setattr(backward, "use_fused_state_bwd", lambda is_cuda, has_dv_local: True)
+    got, names = run()
+    assert "chunk_state_bwd_fused" in names and "dv_local_bwd" not in names
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), i
