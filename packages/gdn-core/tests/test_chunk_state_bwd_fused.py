@@ -147,17 +147,19 @@ def test_fused_config_is_pinned():
 def test_use_fused_state_bwd(monkeypatch):
     env = backward.FUSED_BWD_ENV
     monkeypatch.delenv(env, raising=False)
-    assert not backward.use_fused_state_bwd(True, False)
+    assert not backward.use_fused_state_bwd(True, False, 128)
     for off in ("0", ""):
         monkeypatch.setenv(env, off)
-        assert not backward.use_fused_state_bwd(True, False)
+        assert not backward.use_fused_state_bwd(True, False, 128)
     monkeypatch.setenv(env, "1")
-    assert backward.use_fused_state_bwd(True, False)
-    assert not backward.use_fused_state_bwd(False, False)  # not CUDA
-    assert not backward.use_fused_state_bwd(True, True)  # the caller's dv_local
+    assert backward.use_fused_state_bwd(True, False, 128)
+    assert backward.use_fused_state_bwd(True, False, 16)
+    assert not backward.use_fused_state_bwd(False, False, 128)  # not CUDA
+    assert not backward.use_fused_state_bwd(True, True, 128)  # the caller's dv_local
+    assert not backward.use_fused_state_bwd(True, False, 256)  # spills at K = 256
     monkeypatch.setenv(env, "yes")
     with pytest.raises(ValueError, match=env):
-        backward.use_fused_state_bwd(True, False)
+        backward.use_fused_state_bwd(True, False, 128)
 
 
 @pytest.mark.parametrize("group", [1, 2])
@@ -184,7 +186,7 @@ def test_backward_routes_to_the_fused_kernel(group, monkeypatch):
 
     base, names = run()
     assert {"dv_local_bwd", "chunk_state_bwd"} <= names and "chunk_state_bwd_fused" not in names
-    monkeypatch.setattr(backward, "use_fused_state_bwd", lambda is_cuda, has_dv_local: True)
+    monkeypatch.setattr(backward, "use_fused_state_bwd", lambda is_cuda, has_dv_local, K: True)
     fused, names = run()
     assert "chunk_state_bwd_fused" in names
     assert not names & {"dv_local_bwd", "chunk_state_bwd"}
@@ -225,7 +227,7 @@ def test_det_api_in_slabs_routes_to_the_fused_kernel(monkeypatch):
 
     want, names = run()
     assert "dv_local_bwd" in names and "chunk_state_bwd_fused" not in names
-    monkeypatch.setattr(backward, "use_fused_state_bwd", lambda is_cuda, has_dv_local: True)
+    monkeypatch.setattr(backward, "use_fused_state_bwd", lambda is_cuda, has_dv_local, K: True)
     got, names = run()
     assert "chunk_state_bwd_fused" in names and "dv_local_bwd" not in names
     for i, (a, b) in enumerate(zip(got, want)):

@@ -69,13 +69,14 @@ _FP32 = torch.float32
 FUSED_BWD_ENV = "GDN_CORE_FUSED_BWD"
 
 
-def use_fused_state_bwd(is_cuda: bool, has_dv_local: bool) -> bool:
+def use_fused_state_bwd(is_cuda: bool, has_dv_local: bool, K: int) -> bool:
     """Whether :func:`backward_from_recompute` runs stages 1 and 2 as the one fused
     kernel (:func:`~gdn_core.ops.chunk_state_bwd_fused.chunk_state_bwd_fused`): when
-    :data:`FUSED_BWD_ENV` is ``1``, the inputs are on CUDA (``is_cuda``) and the caller
+    :data:`FUSED_BWD_ENV` is ``1``, the inputs are on CUDA (``is_cuda``), the caller
     has no ``dv_local`` of its own (``has_dv_local``: the segment path's, computed before
-    its first reverse pass, keeps the two kernels). It takes precedence over the Gluon
-    ``dv_local`` / ``state_bwd`` stages.
+    its first reverse pass, keeps the two kernels) and the key head dimension ``K`` is at
+    most 128 (at K = 256 the fused kernel spills on sm_90, the two kernels do not). It
+    takes precedence over the Gluon ``dv_local`` / ``state_bwd`` stages.
 
     Raises:
         ValueError: the variable is set to anything but ``""``, ``0`` or ``1`` (a typo
@@ -84,7 +85,7 @@ def use_fused_state_bwd(is_cuda: bool, has_dv_local: bool) -> bool:
     raw = os.environ.get(FUSED_BWD_ENV, "").strip()
     if raw not in ("", "0", "1"):
         raise ValueError(f"{FUSED_BWD_ENV}={raw!r}: expected 0 or 1")
-    return raw == "1" and is_cuda and not has_dv_local
+    return raw == "1" and is_cuda and not has_dv_local and K <= 128
 
 
 def _buffer_specs(
@@ -400,7 +401,7 @@ def backward_from_recompute(
         num_docs=index.num_docs if num_docs is None else num_docs, dtype=dtype, device=k.device,
     )
 
-    if use_fused_state_bwd(k.is_cuda, dv_local is not None):
+    if use_fused_state_bwd(k.is_cuda, dv_local is not None, K):
         # dV' into the dv_local buffer, which nothing reads: the kernel computes dv_local
         dh, dvp, dh0 = chunk_state_bwd_fused(
             q, k, rec.W, G, do, dht, scale, index, group, dh=ws["dh"], dv=ws["dv_local"],

@@ -167,9 +167,12 @@ def chunk_state_bwd_fused_config(K: int, V: int, elem_bytes: int = 2) -> dict:
     two-kernel path's summation order, hence its bits).
 
     The K-block copies of ``q``/``k`` (when ``BKL < BK``) are more pipelined tiles:
-    at bf16, K = V = 128 three stages would need ~250 KB of shared memory (over the
-    H200's 227 KB), so 16-bit inputs with ``BKL < BK`` take two stages
-    (``tools/sm90_report.py fused_state_bwd``).
+    at bf16, K = V = 128 three stages need 268,296 B of shared memory (over the H200's
+    227 KB), so 16-bit inputs with ``BKL < BK`` take two stages: 225 registers, no
+    spills, 181,252 B (``tools/sm90_report.py fused_state_bwd``; the recurrence alone:
+    151 registers, 177,160 B at three stages). At K = 256 (8 warps, ``BV = 64``) it spills
+    248 B, so the backward routes only K <= 128 here
+    (:func:`gdn_core.ops.backward.use_fused_state_bwd`).
     """
     cfg = dict(chunk_state_bwd_config(K, V, elem_bytes))
     cfg["BKL"] = dv_local_config(K, V)["BK"]
