@@ -238,3 +238,38 @@ def test_det_api_in_slabs_routes_to_the_fused_kernel(monkeypatch):
     assert "chunk_state_bwd_fused" in names and "dv_local_bwd" not in names
     for i, (a, b) in enumerate(zip(got, want)):
         assert torch.equal(a, b), i
+
+
+def test_det_api_in_segments_routes_every_reverse_pass_to_the_fused_kernel(monkeypatch):
+    """The public det API with documents longer than a segment (the segment backward's
+    first pass and its last phase): with the decision forced on, only the fused kernel
+    runs the reverse passes and every gradient keeps its bits."""
+    det = pytest.importorskip("gdn_det_train")
+
+    lengths, D, HV = [150, 5, 80], 16, 2
+    gen = torch.Generator().manual_seed(4)
+    T = sum(lengths)
+    shapes = [(1, T, 1, D), (1, T, 1, D), (1, T, HV, D), (1, T, HV), (1, T, HV)]
+    base = [torch.randn(*s, generator=gen) for s in shapes]
+    base[3] = torch.nn.functional.logsigmoid(base[3]) * 0.1
+    base[4] = base[4].sigmoid()
+    do = torch.randn(1, T, HV, D, generator=gen).half()
+
+    def run():
+        leaves = [x.to(torch.float32 if i == 3 else torch.float16).requires_grad_()
+                  for i, x in enumerate(base)]
+        with record_launches() as launches:
+            o, _ = det.chunk_gated_delta_rule_det(
+                *leaves, cu_seqlens=offsets_of(lengths), use_qk_l2norm_in_kernel=True,
+                segment_size=64)
+            (o.float() * do.float()).sum().backward()
+        return [x.grad for x in leaves], [x.name.rsplit(".", 1)[-1] for x in launches]
+
+    want, names = run()
+    assert names.count("chunk_state_bwd") == 2 and "chunk_state_bwd_fused" not in names
+    monkeypatch.setattr(backward, "use_fused_state_bwd", lambda is_cuda, has_dv_local, K: True)
+    got, names = run()
+    assert names.count("chunk_state_bwd_fused") == 2
+    assert not {"dv_local_bwd", "chunk_state_bwd"} & set(names)
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert torch.equal(a, b), i

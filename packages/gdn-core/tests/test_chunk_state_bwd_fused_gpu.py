@@ -6,8 +6,7 @@ and 2, with and without ``dht``: ``torch.equal`` to ``chunk_state_bwd(dv_local_b
 two kernels on fp32 inputs; ``store=False`` / ``need`` giving the stored call's ``dh0``.
 Then ``GDN_CORE_FUSED_BWD`` on vs off through the public det API (forward + backward,
 unsegmented): every gradient bitwise equal, on the plain call and with the backward's
-last phase in slabs (where ``backward_from_recompute`` gets no ``dv_local`` and the fused
-kernel does run).
+last phase in slabs.
 """
 
 from __future__ import annotations
@@ -108,7 +107,8 @@ def _det_grads(group, seed=3):
     h0 = torch.randn(len(LENGTHS), HV, D, D, generator=gen).cuda().requires_grad_()
     do = torch.randn(1, T, HV, D, generator=gen).to("cuda", bf)
     dht = torch.randn(len(LENGTHS), HV, D, D, generator=gen).cuda()
-    with record_launches() as launches:
+    # the backward on this thread: record_launches sees only its own thread's launches
+    with record_launches() as launches, torch.autograd.set_multithreading_enabled(False):
         o, ht = det.chunk_gated_delta_rule_det(
             *leaves, initial_state=h0, output_final_state=True, cu_seqlens=offsets_of(LENGTHS),
             use_qk_l2norm_in_kernel=True, segment_size=0)
@@ -120,17 +120,15 @@ def _det_grads(group, seed=3):
 @pytest.mark.parametrize("slabs", [False, True], ids=["whole", "slabs"])
 @pytest.mark.parametrize("group", [1, 2])
 def test_switch_gives_the_same_gradients_through_the_det_api(group, slabs, monkeypatch):
-    """Unsegmented. ``whole``: the segment path passes its own ``dv_local`` to the
-    backward, so the two kernels run either way (until it leaves that to the backward);
-    ``slabs`` (the last phase in slabs of ~1000 tokens): the fused kernel runs."""
+    """Unsegmented, the whole backward at once (``whole``) or its last phase in slabs of
+    ~1000 tokens (``slabs``): with the switch on the fused kernel runs instead of the two."""
     if slabs:
         monkeypatch.setenv("GDN_CORE_BWD_SLAB_TOKENS", "1000")
     want, names = _det_grads(group)
     assert "chunk_state_bwd_fused" not in names
     monkeypatch.setenv("GDN_CORE_FUSED_BWD", "1")
     got, names = _det_grads(group)
-    if slabs:
-        assert "chunk_state_bwd_fused" in names and "dv_local_bwd" not in names
+    assert "chunk_state_bwd_fused" in names and "dv_local_bwd" not in names
     for n in GRADS:
         a, b = got[n], want[n]
         assert a.dtype == b.dtype and a.shape == b.shape, n

@@ -41,6 +41,7 @@ import triton.language as tl
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd_config
 from gdn_core.ops.dv_local import dot_precision, dv_local_config
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
 __all__ = ["chunk_state_bwd_fused", "chunk_state_bwd_fused_config"]
@@ -181,6 +182,9 @@ def chunk_state_bwd_fused_config(K: int, V: int, elem_bytes: int = 2) -> dict:
     return cfg
 
 
+_CHUNK_STATE_BWD_FUSED_KERNEL = cached_launch(_chunk_state_bwd_fused_kernel)
+
+
 @launcher(uses_atomics=False, kernels=(_chunk_state_bwd_fused_kernel,))
 def chunk_state_bwd_fused(
     q: torch.Tensor,
@@ -238,7 +242,7 @@ def chunk_state_bwd_fused(
         dht = dht.contiguous()
     cfg = chunk_state_bwd_fused_config(K, V, k.element_size())
     grid = (triton.cdiv(V, cfg["BV"]), HV, N)
-    _chunk_state_bwd_fused_kernel[grid](
+    _CHUNK_STATE_BWD_FUSED_KERNEL[grid](
         q, k, W, G, do, dht if dht is not None else dh0,
         dh if store else dh0, dv if store else dh0, dh0,
         index.doc_offsets, index.doc_chunk_offsets,
