@@ -206,3 +206,22 @@ def test_segment_finish_routes_to_the_fused_kernel(monkeypatch, h0):
     assert names2.count("chunk_state_fwd") == names.count("chunk_state_fwd") - 1  # summaries
     assert torch.equal(o2, o) and torch.equal(fin2, fin)
     assert torch.equal(saved2.seg_states, saved.seg_states) and saved2.segments == saved.segments
+
+
+@needs_interpreter
+def test_fused_touches_only_its_arguments():
+    """``tools/interp_memcheck.py``: every active load/store lane inside an argument —
+    documents ending mid-chunk at the token axis' end, an empty one, K and V padded."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[3] / "tools" / "interp_memcheck.py"
+    spec = importlib.util.spec_from_file_location("interp_memcheck", path)
+    memcheck = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memcheck)
+    for lengths, dims in (([70, 0, 5], (1, 2, 48, 32)), ([3, 130], (2, 2, 32, 48))):
+        p = _problem(lengths, *dims, torch.float16, seed=5)
+        with memcheck.checking() as violations:
+            _fused(p, p["h0"])
+            _fused(p, None, final=False)
+        assert not violations, violations
