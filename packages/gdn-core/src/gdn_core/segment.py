@@ -617,7 +617,7 @@ def segment_fwd_fold(st: SegmentForward, *, remote: torch.Tensor | None = None,
 
 #: ``GDN_CORE_FUSED_FWD=1`` runs the forward's last phase (:func:`segment_fwd_finish`) as
 #: one kernel, :func:`gdn_core.ops.chunk_fwd_fused.chunk_fwd_fused` (no ``h`` or ``v_new``
-#: in memory; the bits of the two kernels it replaces), on CUDA inputs. Off by default;
+#: in memory; the bits of the two Triton kernels it replaces), on CUDA inputs. Off by default;
 #: on, it takes the place of the ``state``/``output`` Gluon stages there.
 FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
 
