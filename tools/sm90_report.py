@@ -30,7 +30,10 @@ gluon_state`` the Gluon chunk-state kernel beside the Triton one (bf16, K=V=128,
 the Triton ``_dv_local_kernel`` (bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py
 gluon_wy_apply`` the Gluon WY apply kernel (the backward's W, U from the bf16 inverse; group
 1 and 2, 4 warps, 4 capped at 96 registers, and 8) next to the Triton ``_wy_kernel``
-(non-inverting, bf16 ``A_inv``); from Python,
+(non-inverting, bf16 ``A_inv``); ``... tools/sm90_report.py fused_fwd`` the fused forward
+last phase (``_chunk_fwd_fused_kernel``, bf16, K=V=128, group 1 and 2, the pinned
+configuration and variants) next to ``_chunk_state_fwd_kernel`` + ``_chunk_output_fwd_kernel``;
+from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
@@ -443,6 +446,48 @@ def _wy_triton_report(invert_modes=(True, False), a_type: str = "*fp32") -> None
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
+def fused_fwd_reports() -> None:
+    """The fused forward last phase (:mod:`gdn_core.ops.chunk_fwd_fused`) as its launcher
+    builds it (bf16, K = V = 128, chunks of 64, an initial state read and the final state
+    stored; H = HV = 16 and H = 8, HV = 16) at the pinned configuration (BV 64, 4 warps, 1
+    stage), at 2 and 3 stages, BV = 32 and BV = 128 on 8 warps; then the two kernels it
+    replaces at their pinned configurations: ``_chunk_state_fwd_kernel`` (``h``, ``v_new``
+    and the final state stored, the BV of 128+ programs) and ``_chunk_output_fwd_kernel``."""
+    from gdn_core.ops.chunk_fwd_fused import _chunk_fwd_fused_kernel, chunk_fwd_fused_config
+    from gdn_core.ops.chunk_state import _chunk_state_fwd_kernel, chunk_state_config
+    from gdn_core.ops.output import _chunk_output_fwd_kernel, chunk_output_config
+
+    K = 128
+    bf, f32, i32 = "*bf16", "*fp32", "*i32"
+    for H, HV in ((16, 16), (8, 16)):
+        hty = "i32:16" if H % 16 == 0 else "i32"
+        cfg = chunk_fwd_fused_config(K, K)
+        pinned = (cfg["BV"], cfg["num_warps"], cfg["num_stages"])
+        for bv, warps, stages in (pinned, (64, 4, 2), (64, 4, 3), (32, 4, 1), (128, 8, 1)):
+            tag = " (pinned)" if (bv, warps, stages) == pinned else ""
+            print(f"H={H} HV={HV} fused BV={bv}{tag}")
+            # q k W U G h0 o ht doc_offsets scale (H, HV are constexpr)
+            report(_chunk_fwd_fused_kernel, [bf] * 4 + [f32, f32, bf, f32, i32, "fp32"],
+                   dict(H=H, HV=HV, GROUP=HV // H, K=K, V=K, BT=64, BK=cfg["BK"], BV=bv,
+                        USE_H0=True, STORE_FINAL=True, PREC="tf32"),
+                   num_warps=warps, num_stages=stages)
+        cfg = chunk_state_config(K, K, 2, programs=128)
+        print(f"H={H} HV={HV} Triton _chunk_state_fwd_kernel BV={cfg['BV']}")
+        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need H HV
+        report(_chunk_state_fwd_kernel, [bf] * 3 + [f32, f32, bf, bf, f32, i32, i32, i32, hty,
+                                                    "i32:16"],
+               dict(GROUP=HV // H, K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
+                    USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
+                    STORE_FINAL=True, PREC="tf32"),
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        cfg = chunk_output_config(K, K)
+        print(f"H={H} HV={HV} Triton _chunk_output_fwd_kernel BK={cfg['BK']} BV={cfg['BV']}")
+        # q k v_new h G o chunk_start chunk_len scale H HV
+        report(_chunk_output_fwd_kernel, [bf] * 4 + [f32, bf, i32, i32, "fp32", hty, "i32:16"],
+               dict(GROUP=HV // H, K=K, V=K, BT=64, BK=cfg["BK"], BV=cfg["BV"], PREC="tf32"),
+               num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
 def conv_reports() -> None:
     """The conv1d kernels as :func:`gdn_core.ops.conv1d.conv1d_fwd` and
     :func:`gdn_core.ops.conv1d_bwd.conv1d_bwd` launch them (bf16, W = 4, SiLU, no bias)."""
@@ -506,7 +551,8 @@ if __name__ == "__main__":
              "gluon_state_bwd": gluon_state_bwd_reports,
              "fused_state_bwd": fused_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
-             "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports}
+             "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
+             "fused_fwd": fused_fwd_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)

@@ -43,6 +43,7 @@ functions here then run exactly the plain chunked path.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -57,6 +58,7 @@ from gdn_core.saved import GDNGrads, GDNSaved
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
+    "FUSED_FWD_ENV",
     "Chains",
     "SegmentBackward",
     "SegmentForward",
@@ -66,6 +68,7 @@ __all__ = [
     "choose_segment_size",
     "first_document_saved",
     "forward_chains",
+    "fused_fwd_wanted",
     "resolve_segment_size",
     "segment_bwd",
     "segment_bwd_begin",
@@ -612,6 +615,19 @@ def segment_fwd_fold(st: SegmentForward, *, remote: torch.Tensor | None = None,
     return out[ch.extra_row] if (want_exit and ch.extra_row is not None) else None
 
 
+#: ``GDN_CORE_FUSED_FWD=1`` runs the forward's last phase (:func:`segment_fwd_finish`) as
+#: one kernel, :func:`gdn_core.ops.chunk_fwd_fused.chunk_fwd_fused` (no ``h`` or ``v_new``
+#: in memory; the bits of the two Triton kernels it replaces), on CUDA inputs. Off by default;
+#: on, it takes the place of the ``state``/``output`` Gluon stages there.
+FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
+
+
+def fused_fwd_wanted(x: torch.Tensor) -> bool:
+    """Whether :func:`segment_fwd_finish` runs the fused kernel for inputs like ``x``:
+    :data:`FUSED_FWD_ENV` is ``"1"`` (read at call time) and ``x`` is on CUDA."""
+    return x.is_cuda and os.environ.get(FUSED_FWD_ENV) == "1"
+
+
 def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
                        ) -> tuple[torch.Tensor, torch.Tensor | None, GDNSaved]:
     """Phase 3: every segment's recurrence and output from its entry state.
@@ -623,18 +639,27 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
     if st.backend == "reference":  # the CPU path
         o, fin, saved = reference_phases.forward(st, init, output_final_state)
     else:
-        from gdn_core.ops import gluon
-        from gdn_core.ops.chunk_state import chunk_state_fwd
-        from gdn_core.ops.output import chunk_output_fwd
+        if fused_fwd_wanted(st.k_used):
+            from gdn_core.ops.chunk_fwd_fused import chunk_fwd_fused
 
-        state = gluon.pick("state", chunk_state_fwd, st.k_used, st.W, st.U, st.index)
-        h, v_new, fin = state(
-            st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
-            output_final_state=output_final_state, store_states=True,
-        )
-        st.W = st.U = None  # spent before the output kernel allocates o
-        output = gluon.pick("output", chunk_output_fwd, st.q_used, v_new, h, st.index)
-        o = output(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
+            o, fin = chunk_fwd_fused(
+                st.q_used, st.k_used, st.W, st.U, st.G, st.scale, st.index, s.group,
+                initial_state=init, output_final_state=output_final_state,
+            )
+            st.W = st.U = None
+        else:
+            from gdn_core.ops import gluon
+            from gdn_core.ops.chunk_state import chunk_state_fwd
+            from gdn_core.ops.output import chunk_output_fwd
+
+            state = gluon.pick("state", chunk_state_fwd, st.k_used, st.W, st.U, st.index)
+            h, v_new, fin = state(
+                st.k_used, st.W, st.U, st.G, st.index, s.group, initial_state=init,
+                output_final_state=output_final_state, store_states=True,
+            )
+            st.W = st.U = None  # spent before the output kernel allocates o
+            output = gluon.pick("output", chunk_output_fwd, st.q_used, v_new, h, st.index)
+            o = output(st.q_used, st.k_used, v_new, h, st.G, st.scale, st.index, s.group)
         o = o.reshape(s.B, s.T, s.HV, s.V)
         saved = GDNSaved(
             st.deterministic, "triton", s, st.scale, st.l2, st.q_used, st.k_used, st.v_flat,
