@@ -165,9 +165,12 @@ def test_fused_fwd_wanted(monkeypatch):
     cuda_like, cpu = types.SimpleNamespace(is_cuda=True), torch.zeros(1)
     monkeypatch.delenv(segment.FUSED_FWD_ENV, raising=False)
     assert not segment.fused_fwd_wanted(cuda_like) and not segment.fused_fwd_wanted(cpu)
-    for value in ("0", "", "true"):
+    for value in ("0", ""):
         monkeypatch.setenv(segment.FUSED_FWD_ENV, value)
         assert not segment.fused_fwd_wanted(cuda_like)
+    monkeypatch.setenv(segment.FUSED_FWD_ENV, "true")  # a typo must not leave it off silently
+    with pytest.raises(ValueError, match=segment.FUSED_FWD_ENV):
+        segment.fused_fwd_wanted(cuda_like)
     monkeypatch.setenv(segment.FUSED_FWD_ENV, "1")
     assert segment.fused_fwd_wanted(cuda_like)
     assert not segment.fused_fwd_wanted(cpu)  # the CPU / interpreter path keeps two kernels

@@ -43,7 +43,6 @@ functions here then run exactly the plain chunked path.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -55,6 +54,7 @@ from gdn_core.bwd_slabs import Slab, finish_in_slabs, plan_slabs, slab_tokens
 from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE, ChunkIndex
 from gdn_core.hostcache import LRUCache, capturing, device_key
 from gdn_core.saved import GDNGrads, GDNSaved
+from gdn_core.switches import FUSED_FWD_ENV, switch_on
 
 __all__ = [
     "DEFAULT_SEGMENT_SIZE",
@@ -615,17 +615,17 @@ def segment_fwd_fold(st: SegmentForward, *, remote: torch.Tensor | None = None,
     return out[ch.extra_row] if (want_exit and ch.extra_row is not None) else None
 
 
-#: ``GDN_CORE_FUSED_FWD=1`` runs the forward's last phase (:func:`segment_fwd_finish`) as
-#: one kernel, :func:`gdn_core.ops.chunk_fwd_fused.chunk_fwd_fused` (no ``h`` or ``v_new``
-#: in memory; the bits of the two Triton kernels it replaces), on CUDA inputs. Off by default;
-#: on, it takes the place of the ``state``/``output`` Gluon stages there.
-FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
-
-
 def fused_fwd_wanted(x: torch.Tensor) -> bool:
-    """Whether :func:`segment_fwd_finish` runs the fused kernel for inputs like ``x``:
-    :data:`FUSED_FWD_ENV` is ``"1"`` (read at call time) and ``x`` is on CUDA."""
-    return x.is_cuda and os.environ.get(FUSED_FWD_ENV) == "1"
+    """Whether :func:`segment_fwd_finish` runs its last phase as one kernel,
+    :func:`gdn_core.ops.chunk_fwd_fused.chunk_fwd_fused` (no ``h`` or ``v_new`` in memory;
+    the bits of the two Triton kernels it replaces), for inputs like ``x``: the switch
+    :data:`~gdn_core.switches.FUSED_FWD_ENV` is on and ``x`` is on CUDA. Off by
+    default; on, it takes the place of the ``state``/``output`` Gluon stages there.
+
+    Raises:
+        ValueError: the variable holds anything but ``""``, ``0`` or ``1``.
+    """
+    return x.is_cuda and switch_on(FUSED_FWD_ENV)
 
 
 def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False

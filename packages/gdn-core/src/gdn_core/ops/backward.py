@@ -31,7 +31,6 @@ types the workspace.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +45,7 @@ from gdn_core.ops.chunk_state_bwd_fused import chunk_state_bwd_fused
 from gdn_core.ops.dv_local import dv_local_bwd
 from gdn_core.ops.group_reduce import group_reduce
 from gdn_core.ops.tiles import unit_last
+from gdn_core.switches import FUSED_BWD_ENV, switch_on
 from gdn_core.typed import TypedWorkspace, mode_name, require_instance
 
 __all__ = [
@@ -65,27 +65,19 @@ __all__ = [
 
 _FP32 = torch.float32
 
-#: ``1`` runs backward stages 1 and 2 (local ``dV'``, reverse recurrence) as one kernel
-FUSED_BWD_ENV = "GDN_CORE_FUSED_BWD"
-
-
 def use_fused_state_bwd(is_cuda: bool, has_dv_local: bool, K: int) -> bool:
     """Whether :func:`backward_from_recompute` runs stages 1 and 2 as the one fused
     kernel (:func:`~gdn_core.ops.chunk_state_bwd_fused.chunk_state_bwd_fused`): when
-    :data:`FUSED_BWD_ENV` is ``1``, the inputs are on CUDA (``is_cuda``), the caller
-    has no ``dv_local`` of its own (``has_dv_local``: the segment path's, computed before
-    its first reverse pass, keeps the two kernels) and the key head dimension ``K`` is at
+    the switch :data:`~gdn_core.switches.FUSED_BWD_ENV` is on, the inputs are on CUDA
+    (``is_cuda``), the caller has no ``dv_local`` of its own (``has_dv_local``; the segment
+    path asks with ``False`` and then computes none) and the key head dimension ``K`` is at
     most 128 (at K = 256 the fused kernel spills on sm_90, the two kernels do not). It
     takes precedence over the Gluon ``dv_local`` / ``state_bwd`` stages.
 
     Raises:
-        ValueError: the variable is set to anything but ``""``, ``0`` or ``1`` (a typo
-            must not silently leave the two kernels in place).
+        ValueError: the variable holds anything but ``""``, ``0`` or ``1``.
     """
-    raw = os.environ.get(FUSED_BWD_ENV, "").strip()
-    if raw not in ("", "0", "1"):
-        raise ValueError(f"{FUSED_BWD_ENV}={raw!r}: expected 0 or 1")
-    return raw == "1" and is_cuda and not has_dv_local and K <= 128
+    return switch_on(FUSED_BWD_ENV) and is_cuda and not has_dv_local and K <= 128
 
 
 def _buffer_specs(

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
@@ -183,6 +184,9 @@ CONFIG_OVERRIDE: dict[str, int] | None = None
 _OVERRIDABLE = ("BV", "num_warps", "num_stages")
 
 
+_CHUNK_FWD_FUSED_KERNEL = cached_launch(_chunk_fwd_fused_kernel)
+
+
 @launcher(uses_atomics=False, kernels=(_chunk_fwd_fused_kernel,))
 def chunk_fwd_fused(
     q: torch.Tensor,
@@ -271,7 +275,7 @@ def chunk_fwd_fused(
     if CONFIG_OVERRIDE:
         cfg.update({key: CONFIG_OVERRIDE[key] for key in _OVERRIDABLE if key in CONFIG_OVERRIDE})
     grid = (triton.cdiv(V, cfg["BV"]), N, HV)
-    _chunk_fwd_fused_kernel[grid](
+    _CHUNK_FWD_FUSED_KERNEL[grid](
         q, k, W, U, G, initial_state, o, final, index.doc_offsets, float(scale), H=H, HV=HV,
         GROUP=group, K=K, V=V, BT=index.chunk_size, BK=cfg["BK"], BV=cfg["BV"],
         USE_H0=initial_state is not None, STORE_FINAL=output_final_state,
