@@ -162,18 +162,31 @@ def test_fused_empty_and_errors():
 
 
 def test_fused_fwd_wanted(monkeypatch):
-    cuda_like, cpu = types.SimpleNamespace(is_cuda=True), torch.zeros(1)
-    monkeypatch.delenv(segment.FUSED_FWD_ENV, raising=False)
-    assert not segment.fused_fwd_wanted(cuda_like) and not segment.fused_fwd_wanted(cpu)
-    for value in ("0", ""):
-        monkeypatch.setenv(segment.FUSED_FWD_ENV, value)
-        assert not segment.fused_fwd_wanted(cuda_like)
-    monkeypatch.setenv(segment.FUSED_FWD_ENV, "true")  # a typo must not leave it off silently
-    with pytest.raises(ValueError, match=segment.FUSED_FWD_ENV):
-        segment.fused_fwd_wanted(cuda_like)
+    """Unset: on for CUDA bf16/fp16 at K = V = 128 (measured), off elsewhere; ``1`` on for
+    any CUDA call, ``0`` off; never on CPU tensors; anything else raises."""
+    def cuda_like(dtype):
+        return types.SimpleNamespace(is_cuda=True, dtype=dtype)
+
+    cpu = torch.zeros(1, dtype=torch.bfloat16)
+    want = segment.fused_fwd_wanted
+    for value in (None, ""):
+        if value is None:
+            monkeypatch.delenv(segment.FUSED_FWD_ENV, raising=False)
+        else:
+            monkeypatch.setenv(segment.FUSED_FWD_ENV, value)
+        assert want(cuda_like(torch.bfloat16), 128, 128)
+        assert want(cuda_like(torch.float16), 128, 128)
+        assert not want(cuda_like(torch.float32), 128, 128)
+        assert not want(cuda_like(torch.bfloat16), 64, 128)
+        assert not want(cpu, 128, 128)  # the CPU / interpreter path keeps two kernels
+    monkeypatch.setenv(segment.FUSED_FWD_ENV, "0")
+    assert not want(cuda_like(torch.bfloat16), 128, 128)
     monkeypatch.setenv(segment.FUSED_FWD_ENV, "1")
-    assert segment.fused_fwd_wanted(cuda_like)
-    assert not segment.fused_fwd_wanted(cpu)  # the CPU / interpreter path keeps two kernels
+    assert want(cuda_like(torch.float32), 64, 32)
+    assert not want(cpu, 128, 128)
+    monkeypatch.setenv(segment.FUSED_FWD_ENV, "true")  # a typo must not pick silently
+    with pytest.raises(ValueError, match=segment.FUSED_FWD_ENV):
+        want(cuda_like(torch.bfloat16), 128, 128)
 
 
 @needs_interpreter
@@ -203,7 +216,7 @@ def test_segment_finish_routes_to_the_fused_kernel(monkeypatch, h0):
     monkeypatch.delenv(segment.FUSED_FWD_ENV, raising=False)
     o, fin, saved, names = run()
     assert "chunk_output_fwd" in names and "chunk_fwd_fused" not in names
-    monkeypatch.setattr(segment, "fused_fwd_wanted", lambda x: True)
+    monkeypatch.setattr(segment, "fused_fwd_wanted", lambda x, K, V: True)
     o2, fin2, saved2, names2 = run()
     assert "chunk_fwd_fused" in names2 and "chunk_output_fwd" not in names2
     assert names2.count("chunk_state_fwd") == names.count("chunk_state_fwd") - 1  # summaries

@@ -6,7 +6,8 @@ state — ``o`` and the final state the same bits as ``chunk_output_fwd(chunk_st
 (on sm_90 the fused kernel's one ``wgmma`` chain over K = 128 is the output kernel's two
 chained 64-row blocks), within the project's tolerance of the fp32 reference, bitwise
 repeatable, the same bits at other value blocks / stage counts and for a document alone. Then
-the public deterministic API with ``GDN_CORE_FUSED_FWD=1`` against without: a 1-document
+the public deterministic API with ``GDN_CORE_FUSED_FWD=1`` against ``0`` (and unset, the
+default here): a 1-document
 T = 8192 call (two segments of 4096) and the packed T = 4096 one — ``o``, the final state and
 every gradient the same bits, and the fused kernel did run.
 """
@@ -137,7 +138,7 @@ def test_det_api_switch_on_is_switch_off_bitwise(lengths, monkeypatch):
         names = {x.name.rsplit(".", 1)[-1] for x in launches}
         return names, [o.detach(), ht.detach()] + [x.grad for x in leaves]
 
-    monkeypatch.delenv(segment.FUSED_FWD_ENV, raising=False)
+    monkeypatch.setenv(segment.FUSED_FWD_ENV, "0")
     names_off, off = run()
     monkeypatch.setenv(segment.FUSED_FWD_ENV, "1")
     names_on, on = run()
@@ -146,3 +147,7 @@ def test_det_api_switch_on_is_switch_off_bitwise(lengths, monkeypatch):
     for name, a, b in zip(("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"), on, off):
         assert torch.equal(a, b), f"{name}: max|diff| {(a.float() - b.float()).abs().max():.3e}"
     assert all(torch.equal(a, b) for a, b in zip(run()[1], on))  # repeatable with it on
+    monkeypatch.delenv(segment.FUSED_FWD_ENV)
+    names_default, default = run()  # unset: the default for bf16 K = V = 128 is the fused one
+    assert "chunk_fwd_fused" in names_default
+    assert all(torch.equal(a, b) for a, b in zip(default, on))
