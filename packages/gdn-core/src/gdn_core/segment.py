@@ -899,8 +899,9 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
         if l2:
             from gdn_core.ops.l2norm import l2norm_bwd
 
-            dq = l2norm_bwd(saved.q, saved.q_rstd, dq).to(saved.q.dtype)
-            dk = l2norm_bwd(saved.k, saved.k_rstd, dk).to(saved.k.dtype)
+            # the kernel rounds its fp32 result into the inputs' dtype (no cast launch)
+            dq = l2norm_bwd(saved.q, saved.q_rstd, dq, out=saved.q.new_empty(saved.q.shape))
+            dk = l2norm_bwd(saved.k, saved.k_rstd, dk, out=saved.k.new_empty(saved.k.shape))
     if saved.backend != "reference":  # the kernels' results are on flat tokens
         B, T = s.B, s.T
         dq, dk = dq.reshape(B, T, s.H, s.K), dk.reshape(B, T, s.H, s.K)

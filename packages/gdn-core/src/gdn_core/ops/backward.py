@@ -501,14 +501,14 @@ def chunk_gdn_backward(
         dqk_dtype=torch.float32 if l2 else None,
     )
     if l2:
-        # The normalisation's backward reads dq/dk in fp32, then casts once.
+        # The normalisation's backward reads dq/dk in fp32 and rounds its result once,
+        # into the inputs' dtype.
         from gdn_core.ops.l2norm import l2norm_bwd
 
-        if q_rstd is not None:
-            dq = l2norm_bwd(q, q_rstd, dq)
-        if k_rstd is not None:
-            dk = l2norm_bwd(k, k_rstd, dk)
-        dq, dk = dq.to(q.dtype), dk.to(k.dtype)
+        dq = l2norm_bwd(q, q_rstd, dq, out=q.new_empty(q.shape)) if q_rstd is not None \
+            else dq.to(q.dtype)
+        dk = l2norm_bwd(k, k_rstd, dk, out=k.new_empty(k.shape)) if k_rstd is not None \
+            else dk.to(k.dtype)
     return dq, dk, dv, dg, dbeta, dh0
 
 
