@@ -20,9 +20,6 @@ fp32 partials, 8 warps and 4); ``... tools/sm90_report.py gluon_grads2`` the per
 warps); ``... tools/sm90_report.py gluon_state_bwd`` the Gluon
 reverse state recurrence (bf16, K=V=128, group 1 and 2, BV 128 / 8 warps and 64 / 4 warps)
 next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration);
-``... tools/sm90_report.py fused_state_bwd`` the fused reverse recurrence (the local
-``dV'`` inside; bf16, K=V=128, group 1 and 2) next to ``_chunk_state_bwd_kernel`` and
-``_dv_local_kernel``;
 ``... tools/sm90_report.py gluon_wy`` the Gluon WY kernel (bf16, K=V=128, group 1 and 2,
 4 warps and 8) next to the Triton ``_wy_kernel`` (inverting); ``... tools/sm90_report.py
 gluon_state`` the Gluon chunk-state kernel beside the Triton one (bf16, K=V=128, BV
@@ -295,50 +292,6 @@ def gluon_state_bwd_reports() -> None:
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
-def fused_state_bwd_reports() -> None:
-    """The fused reverse state recurrence (:mod:`gdn_core.ops.chunk_state_bwd_fused`, the
-    local ``dV'`` computed inside) at its pinned configuration and at 3 stages, beside the
-    two kernels it replaces at theirs (``_chunk_state_bwd_kernel``, ``_dv_local_kernel``):
-    bf16, K = V = 128, chunks of 64, ``dht`` fp32, ``store=True``; H = HV = 16 and H = 8,
-    HV = 16; then the fused kernel with ``store=False`` and ``need`` (a first pass)."""
-    from gdn_core.ops.chunk_state_bwd import _chunk_state_bwd_kernel, chunk_state_bwd_config
-    from gdn_core.ops.chunk_state_bwd_fused import (
-        _chunk_state_bwd_fused_kernel,
-        chunk_state_bwd_fused_config,
-    )
-    from gdn_core.ops.dv_local import _dv_local_kernel, dv_local_config
-
-    K = 128
-    bf, f32, i32 = "*bf16", "*fp32", "*i32"
-    for H, HV in ((16, 16), (8, 16)):
-        meta = dict(H=H, HV=HV, K=K, V=K, GROUP=HV // H, BT=64, DOT_PREC="tf32")
-        cfg = chunk_state_bwd_fused_config(K, K)
-        # q k W G do dht dh dv dh0 doc_offsets doc_chunk_offsets need scale
-        types = [bf] * 3 + [f32, bf, f32, bf, bf, f32, i32, i32, i32, "fp32"]
-        for stages, store, has_need in ((cfg["num_stages"], True, False), (3, True, False),
-                                        (cfg["num_stages"], False, True)):
-            print(f"H={H} HV={HV} fused BK={cfg['BK']} BV={cfg['BV']} BKL={cfg['BKL']} "
-                  f"store={store} need={has_need}")
-            report(_chunk_state_bwd_fused_kernel, types,
-                   dict(meta, BK=cfg["BK"], BV=cfg["BV"], BKL=cfg["BKL"], USE_DHT=True,
-                        HAS_NEED=has_need, STORE=store),
-                   num_warps=cfg["num_warps"], num_stages=stages)
-        scfg = chunk_state_bwd_config(K, K)
-        print(f"H={H} HV={HV} Triton _chunk_state_bwd_kernel BV={scfg['BV']}")
-        # q k W G do dv_local dht dh dv dh0 doc_offsets doc_chunk_offsets need scale
-        report(_chunk_state_bwd_kernel, [bf] * 3 + [f32, bf, bf, f32, bf, bf, f32, i32, i32,
-                                                     i32, "fp32"],
-               dict(meta, BK=scfg["BK"], BV=scfg["BV"], USE_DHT=True, HAS_NEED=False,
-                    STORE=True),
-               num_warps=scfg["num_warps"], num_stages=scfg["num_stages"])
-        dcfg = dv_local_config(K, K)
-        print(f"H={H} HV={HV} Triton _dv_local_kernel BK={dcfg['BK']} BV={dcfg['BV']}")
-        # q k G do dv chunk_start chunk_len scale
-        report(_dv_local_kernel, [bf, bf, f32, bf, bf, i32, i32, "fp32"],
-               dict(meta, BK=dcfg["BK"], BV=dcfg["BV"]),
-               num_warps=dcfg["num_warps"], num_stages=dcfg["num_stages"])
-
-
 def gluon_wy_reports() -> None:
     """The Gluon WY kernel (:mod:`gdn_core.ops.gluon.wy`) as its launcher builds it: bf16,
     K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2), 4 warps
@@ -549,7 +502,6 @@ if __name__ == "__main__":
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
              "gluon_grads": gluon_grads_reports, "gluon_grads2": gluon_grads2_reports,
              "gluon_state_bwd": gluon_state_bwd_reports,
-             "fused_state_bwd": fused_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
              "fused_fwd": fused_fwd_reports}

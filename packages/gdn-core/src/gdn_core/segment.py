@@ -766,10 +766,9 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         return bst
 
     from gdn_core.ops import gluon
-    from gdn_core.ops.backward import resolve_workspace, use_fused_state_bwd, uses_dq_partials
+    from gdn_core.ops.backward import resolve_workspace, uses_dq_partials
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
-    from gdn_core.ops.chunk_state_bwd_fused import chunk_state_bwd_fused
     from gdn_core.ops.dv_local import dv_local_bwd
     from gdn_core.ops.wy import wy_apply, wy_fwd
 
@@ -806,23 +805,16 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
                                     output_final_state=False, store_states=True)
     del U  # spent: v_new holds what the backward needs of it
-    # the fused reverse pass computes dv_local itself, in every pass (the last phase too)
-    fused = use_fused_state_bwd(k.is_cuda, False, K)
-    if not fused:
-        dv_local = gluon.pick("dv_local", dv_local_bwd, q, bst.do_flat, index)
-        bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
-                                out=ws["dv_local"])
+    dv_local = gluon.pick("dv_local", dv_local_bwd, q, bst.do_flat, index)
+    bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
+                            out=ws["dv_local"])
     if need:
         D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
         flags = L.tables(k.device).bwd_need
-        if fused:
-            _, _, bst.P = chunk_state_bwd_fused(q, k, bst.W, G, bst.do_flat, D0, saved.scale,
-                                                index, group, store=False, need=flags)
-        else:
-            state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, bst.W, bst.do_flat,
-                                   bst.dv_local, index)
-            _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0,
-                                    saved.scale, index, group, store=False, need=flags)
+        state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, bst.W, bst.do_flat,
+                               bst.dv_local, index)
+        _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0, saved.scale,
+                                index, group, store=False, need=flags)
     if bst.slabs is not None:  # W and dV' are rebuilt slab by slab in the last phase
         bst.W = bst.dv_local = None
     return bst

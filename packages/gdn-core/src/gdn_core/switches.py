@@ -9,14 +9,11 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FUSED_BWD_ENV", "FUSED_FWD_ENV", "switch_on", "switch_setting"]
+__all__ = ["FUSED_FWD_ENV", "switch_on", "switch_setting"]
 
 #: the forward's last phase (state recurrence and output) as one kernel (default: on where
 #: measured, :func:`gdn_core.segment.fused_fwd_wanted`)
 FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
-#: the backward's local ``dV'`` and reverse state recurrence as one kernel (default off:
-#: 1.5-1.6x the two kernels' time on the H200)
-FUSED_BWD_ENV = "GDN_CORE_FUSED_BWD"
 
 
 def switch_setting(name: str) -> bool | None:

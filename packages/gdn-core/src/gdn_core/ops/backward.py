@@ -10,9 +10,6 @@ Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
 1. :func:`~gdn_core.ops.dv_local.dv_local_bwd` — chunk-local ``dV'``;
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
    ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
-   with ``GDN_CORE_FUSED_BWD=1`` (:func:`use_fused_state_bwd`) stages 1 and 2 are one
-   kernel, :func:`~gdn_core.ops.chunk_state_bwd_fused.chunk_state_bwd_fused` (the same
-   bits);
 3. :func:`~gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd` — every chunk-local
    gradient in two kernels: per-value-head ``dq``/``dk`` (final with one value head
    per q/k head), ``dv``, ``dβ`` and ``dg`` (the WY backward included);
@@ -41,15 +38,12 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops import gluon
 from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
-from gdn_core.ops.chunk_state_bwd_fused import chunk_state_bwd_fused
 from gdn_core.ops.dv_local import dv_local_bwd
 from gdn_core.ops.group_reduce import group_reduce
 from gdn_core.ops.tiles import unit_last
-from gdn_core.switches import FUSED_BWD_ENV, switch_on
 from gdn_core.typed import TypedWorkspace, mode_name, require_instance
 
 __all__ = [
-    "FUSED_BWD_ENV",
     "BackwardWorkspace",
     "DetBackwardWorkspace",
     "FreshBuffers",
@@ -59,25 +53,10 @@ __all__ = [
     "chunk_gdn_backward",
     "backward_from_recompute",
     "resolve_workspace",
-    "use_fused_state_bwd",
     "uses_dq_partials",
 ]
 
 _FP32 = torch.float32
-
-def use_fused_state_bwd(is_cuda: bool, has_dv_local: bool, K: int) -> bool:
-    """Whether :func:`backward_from_recompute` runs stages 1 and 2 as the one fused
-    kernel (:func:`~gdn_core.ops.chunk_state_bwd_fused.chunk_state_bwd_fused`): when
-    the switch :data:`~gdn_core.switches.FUSED_BWD_ENV` is on, the inputs are on CUDA
-    (``is_cuda``), the caller has no ``dv_local`` of its own (``has_dv_local``; the segment
-    path asks with ``False`` and then computes none) and the key head dimension ``K`` is at
-    most 128 (at K = 256 the fused kernel spills on sm_90, the two kernels do not). It
-    takes precedence over the Gluon ``dv_local`` / ``state_bwd`` stages.
-
-    Raises:
-        ValueError: the variable holds anything but ``""``, ``0`` or ``1``.
-    """
-    return switch_on(FUSED_BWD_ENV) and is_cuda and not has_dv_local and K <= 128
 
 
 def _buffer_specs(
@@ -371,9 +350,7 @@ def backward_from_recompute(
     the fp32 partials, without the fp32 buffers or the reduction launches).
 
     ``dv_local``: stage 1's result when the caller already has it (the segment
-    path computes it before its first reverse pass); without it, on CUDA with
-    ``GDN_CORE_FUSED_BWD=1``, stages 1 and 2 run as one kernel (:func:`use_fused_state_bwd`).
-    ``out``: ``(dq, dk, dv, dg, dbeta)``
+    path computes it before its first reverse pass). ``out``: ``(dq, dk, dv, dg, dbeta)``
     buffers the results are written into (row slices of a whole call's outputs,
     :mod:`gdn_core.bwd_slabs`); ``dq``/``dk`` only where the kernels round them straight
     into their outputs (one value head per q/k head, not fp32), else the caller writes
@@ -393,21 +370,14 @@ def backward_from_recompute(
         num_docs=index.num_docs if num_docs is None else num_docs, dtype=dtype, device=k.device,
     )
 
-    if use_fused_state_bwd(k.is_cuda, dv_local is not None, K):
-        # dV' into the dv_local buffer, which nothing reads: the kernel computes dv_local
-        dh, dvp, dh0 = chunk_state_bwd_fused(
-            q, k, rec.W, G, do, dht, scale, index, group, dh=ws["dh"], dv=ws["dv_local"],
-            dh0=dh0,
-        )
-    else:
-        if dv_local is None:
-            dv_local = gluon.pick("dv_local", dv_local_bwd, q, do, index)(
-                q, k, G, do, scale, index, group, out=ws["dv_local"])
-        state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, rec.W, do, dv_local, index)
-        dh, dvp, dh0 = state_bwd(
-            q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
-            dh0=dh0,
-        )  # dV' over dv_local: each element is rewritten by the program that read it
+    if dv_local is None:
+        dv_local = gluon.pick("dv_local", dv_local_bwd, q, do, index)(
+            q, k, G, do, scale, index, group, out=ws["dv_local"])
+    state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, rec.W, do, dv_local, index)
+    dh, dvp, dh0 = state_bwd(
+        q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
+        dh0=dh0,
+    )  # dV' over dv_local: each element is rewritten by the program that read it
     rec.W = None
     # Outputs are allocated as late as possible, each once the tensors spent
     # before it are free (so the backward's peak holds only one of W | h, v_new).
