@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Session 14's device calls (planned in session 13, whose device time ran out). Run them on a
-# tree with the branches to validate merged in (`launchptr`: the launch cache passes tensors
-# as addresses; `fwdsplit`, when it landed: the forward's output off the serial chain).
+# Session 14's device calls (planned in session 13, whose device time ran out). Run them on
+# branch `s14-validate`: main + `launchptr` (the launch cache passes tensors as addresses) +
+# `fwdsplit` (GDN_CORE_FWD_SPLIT=1: the forward's output off the serial chain) + the WY
+# kernel storing the backward's 16-bit inverse itself. Merge what passes into main.
 #
 #   call 1 (~280 s):  bash tools/h200_s14_validate.sh 1
 #       every gpu-marked test of the four GDN packages, verbose (session 13: 368 passed)
