@@ -27,7 +27,7 @@ def cached() -> CachedLauncher:
 
 def _key(cached: CachedLauncher, *args, device: int = 0, **kwargs):
     values = cached.bind(args, kwargs)
-    return None if values is None else cached.specialisation_key(device, values, kwargs)
+    return None if values is None else cached.specialisation_key(device, values, kwargs)[0]
 
 
 def _args(**over):
@@ -108,3 +108,14 @@ def test_a_gluon_descriptor_keys_on_dtype_block_and_layout(cached):
     assert k(a, [64, 128]) == k(b, [64, 128])
     assert k(a, [64, 128]) != k(a, [64, 64])
     assert k(a, [64, 128]) != k(a.half(), [64, 128])
+
+
+def test_a_cached_launch_passes_tensors_as_their_addresses(cached):
+    x, y = torch.zeros(8), torch.zeros(8, dtype=torch.float16)
+    args = (x, y, 7, 0.5, True, None)
+    values = cached.bind(args, {"BLOCK": 16})
+    key, launch = cached.specialisation_key(0, values, {"BLOCK": 16})
+    assert launch == [x.data_ptr(), y.data_ptr(), 7, 0.5, True, None, 16, "a"]
+    assert values[0] is x  # the bound values themselves are left as they are
+    # a tensor off CUDA keys apart from a CUDA one (these are CPU: is_cuda False)
+    assert key[1] == (torch.float32, True, False)

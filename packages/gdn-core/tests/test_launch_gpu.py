@@ -102,3 +102,14 @@ def test_a_launch_hook_sends_the_call_through_triton():
         knobs.runtime.launch_enter_hook.remove(hook)
     assert len(seen) == 1
     torch.testing.assert_close(out, 3.0 * x, rtol=0, atol=1e-6)
+
+
+def test_a_cpu_tensor_after_cached_cuda_launches_gets_tritons_error():
+    """The cached launch passes addresses; a CPU tensor keys apart, so Triton's own
+    launcher checks it and raises instead of handing the kernel a host pointer."""
+    cached = _fresh()
+    x = torch.randn(256, device="cuda")
+    _call(cached, x, x)
+    _call(cached, x, x)
+    with pytest.raises(ValueError, match="cpu tensor"):
+        _call(cached, x.cpu(), x.cpu())

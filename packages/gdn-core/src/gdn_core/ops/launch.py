@@ -12,7 +12,9 @@ kernel; later launches with the same specialisation call the compiled launcher d
 The specialisation key is a superset of what Triton specialises on, computed per
 argument from what the call passes:
 
-* a tensor: its dtype and whether its address is a multiple of 16;
+* a tensor: its dtype, whether its address is a multiple of 16, and whether it is on
+  CUDA (a cached launch passes the address itself: the compiled launcher then skips the
+  ``data_ptr()`` call and the driver's pointer check it makes for a tensor object);
 * an int: whether it is 1, whether it is a multiple of 16, and its width (i32/i64/u64);
 * a float, a bool, ``None``: the kind only (Triton does not specialise on their values);
 * a Gluon TMA descriptor: its dtype, block shape and shared layout (the layout object
@@ -73,9 +75,8 @@ def _int_class(v: int) -> tuple[int, bool, bool]:
 
 
 def _runtime_class(v: Any) -> Any:
-    """What Triton's specialisation of a non-constexpr argument can depend on."""
-    if isinstance(v, torch.Tensor):
-        return v.dtype, v.data_ptr() % 16 == 0
+    """What Triton's specialisation of a non-constexpr argument other than a tensor can
+    depend on."""
     cls = v.__class__
     if cls is bool:
         return "u1"
@@ -144,25 +145,38 @@ class CachedLauncher:
         return values
 
     def specialisation_key(self, device: int, values: list[Any],
-                           kwargs: dict[str, Any]) -> tuple | None:
+                           kwargs: dict[str, Any]) -> tuple[tuple | None, list[Any]]:
         """The cache key of a call with these bound ``values`` (:meth:`bind`) and launch
-        options among ``kwargs`` (``None``: an argument the fast path does not take)."""
+        options among ``kwargs`` (``None``: an argument the fast path does not take), and
+        the values to launch with: each CUDA tensor replaced by its address (the compiled
+        launcher takes an int as the pointer itself, without the ``data_ptr()`` call and
+        the driver's pointer check it makes for a tensor; a tensor that is not on CUDA keys
+        apart, so that Triton's own path reports it)."""
         key: list[Any] = [device]
-        for v, const in zip(values, self._constexpr):
-            c = v if const else _runtime_class(v)
-            if c is _UNSUPPORTED:
-                return None
-            key.append(c)
+        launch_values = list(values)
+        for i, (v, const) in enumerate(zip(values, self._constexpr)):
+            if const:
+                key.append(v)
+            elif isinstance(v, torch.Tensor):
+                ptr = v.data_ptr()
+                key.append((v.dtype, ptr % 16 == 0, v.is_cuda))
+                launch_values[i] = ptr
+            else:
+                c = _runtime_class(v)
+                if c is _UNSUPPORTED:
+                    return None, values
+                key.append(c)
         for name in sorted(kwargs.keys() - self._name_set):  # num_warps, num_stages, ...
             key.append((name, kwargs[name]))
-        return tuple(key)
+        return tuple(key), launch_values
 
     def _launch(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
         if _HOOKS[0].calls or _HOOKS[1].calls:  # a profiler is listening: Triton's path
             return self.kernel[grid](*args, **kwargs)
         device = torch.cuda.current_device()
         values = self.bind(args, kwargs)
-        key = None if values is None else self.specialisation_key(device, values, kwargs)
+        key, launch_values = (None, values) if values is None else \
+            self.specialisation_key(device, values, kwargs)
         try:
             compiled = None if key is None else self._cache.get(key)
         except TypeError:  # an unhashable constexpr or option
@@ -177,7 +191,7 @@ class CachedLauncher:
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         compiled.run(grid[0], g1, g2, _raw_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *values)
+                     compiled.packed_metadata, None, None, None, *launch_values)
         return compiled
 
 
