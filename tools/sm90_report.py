@@ -383,19 +383,26 @@ def gluon_wy_apply_reports() -> None:
     _wy_triton_report(invert_modes=(False,), a_type="*bf16")
 
 
-def _wy_triton_report(invert_modes=(True, False), a_type: str = "*fp32") -> None:
+def _wy_triton_report(invert_modes=(True, False), a_type: str = "*fp32",
+                      store_a16: bool = True) -> None:
     """The Triton WY kernel, bf16, K = V = 128, group 1 (``INVERT``: wy_fwd; else wy_apply;
-    ``a_type``: ``A_inv``'s, fp32 or the backward's 16-bit copy when not inverting)."""
+    ``a_type``: ``A_inv``'s, fp32 or the backward's 16-bit copy when not inverting;
+    ``store_a16``: the inverting launch also stores the 16-bit inverse, as the forward's
+    ``wy_fwd(..., A_inv_for_backward=True)`` does)."""
     from gdn_core.ops.wy import _wy_kernel, wy_config
 
     cfg = wy_config(128, 128)
+    # k v beta G A_inv W U chunk_start chunk_len H HV VT VH A16 (A16 None unless storing:
+    # unused, typed here all the same)
     types = ["*bf16", "*bf16", "*bf16", "*fp32", a_type, "*bf16", "*bf16", "*i32", "*i32",
-             "i32:16", "i32:16", "i32:16", "i32:16"]
+             "i32:16", "i32:16", "i32:16", "i32:16", "*bf16"]
     for invert in invert_modes:  # wy_fwd, wy_apply
-        print(f"Triton _wy_kernel INVERT={invert} A_inv {a_type[1:]}")
+        a16 = store_a16 and invert
+        print(f"Triton _wy_kernel INVERT={invert} A_inv {a_type[1:]} STORE_A16={a16}")
         report(_wy_kernel, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"],
                                    "BV": cfg["BV"], "PREC": "tf32",
-                                   "DOT16": bool(cfg["dot16"]), "INVERT": invert},
+                                   "DOT16": bool(cfg["dot16"]), "INVERT": invert,
+                                   "STORE_A16": a16},
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 

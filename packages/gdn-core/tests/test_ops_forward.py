@@ -460,3 +460,18 @@ def test_forward_deterministic_and_no_atomics():
         assert not info.uses_atomics and info.kernels, name
         for kernel in info.kernels:
             assert "atomic_" not in inspect.getsource(kernel.fn), name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_wy_fwd_writes_the_inverse_for_backward_itself(dtype):
+    """``A_inv_for_backward=True``: the kernel stores the inverse as the backward reads it
+    (16-bit inputs: rounded to their dtype in the kernel), the bits of
+    ``inverse_for_backward`` of the fp32 one, and the same W, U."""
+    offs, _, k, v, g, beta = _inputs(VARLEN, 1, 2, 32, 16, dtype, seed=7)
+    index = ChunkIndex.build(offs, "cpu")
+    G = R.chunk_cumsum_ref(g, _bounds(offs))
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 2)
+    saved, W2, U2 = wy_fwd(k, v, beta, G, index, 2, A_inv_for_backward=True)
+    want = inverse_for_backward(A_inv, k, v)
+    assert saved.dtype == want.dtype == dtype
+    assert torch.equal(saved, want) and torch.equal(W2, W) and torch.equal(U2, U)

@@ -547,7 +547,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.l2norm import l2norm_fwd
     from gdn_core.ops.tiles import unit_last
-    from gdn_core.ops.wy import inverse_for_backward, wy_fwd
+    from gdn_core.ops.wy import wy_fwd
 
     if index is None:
         index = L.tables(v.device).index
@@ -563,9 +563,9 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     else:
         st.q_used, st.k_used = qf.contiguous(), kf.contiguous()
     st.G = chunk_cumsum_fwd(gf, index)
+    # the inverse comes back as the backward reads it (16-bit: rounded in the kernel)
     wy = gluon.pick("wy", wy_fwd, st.k_used, vf, index)
-    A_inv, st.W, st.U = wy(st.k_used, vf, bf, st.G, index, s.group)
-    st.A_inv = inverse_for_backward(A_inv, st.k_used, vf)
+    st.A_inv, st.W, st.U = wy(st.k_used, vf, bf, st.G, index, s.group, A_inv_for_backward=True)
     if want:
         need = L.tables(v.device).fwd_need
         _, _, st.summ = chunk_state_fwd(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FUSED_FWD_ENV", "switch_on", "switch_setting"]
+__all__ = ["FUSED_FWD_ENV", "switch_setting"]
 
 #: the forward's last phase (state recurrence and output) as one kernel (default: on where
 #: measured, :func:`gdn_core.segment.fused_fwd_wanted`)
@@ -28,11 +28,3 @@ def switch_setting(name: str) -> bool | None:
         raise ValueError(f"{name}={raw!r}: expected 0 or 1")
     return None if raw == "" else raw == "1"
 
-
-def switch_on(name: str) -> bool:
-    """Whether the environment variable ``name`` is ``1`` (a switch off by default).
-
-    Raises:
-        ValueError: it is set to anything but ``""``, ``0`` or ``1``.
-    """
-    return switch_setting(name) is True

@@ -18,7 +18,7 @@ from gdn_core.ops.chunk_state import chunk_state_fwd
 from gdn_core.ops.cumsum import chunk_cumsum_fwd
 from gdn_core.ops.l2norm import l2norm_fwd
 from gdn_core.ops.output import chunk_output_fwd
-from gdn_core.ops.wy import inverse_for_backward, wy_fwd
+from gdn_core.ops.wy import wy_fwd
 
 __all__ = ["ForwardTensors", "gdn_forward_triton"]
 
@@ -88,8 +88,8 @@ def gdn_forward_triton(
     else:
         q_used, k_used, q_rstd, k_rstd = q, k, None, None
     G = chunk_cumsum_fwd(g, index)
-    A_inv, W, U = gluon.pick("wy", wy_fwd, k_used, v, index)(k_used, v, beta, G, index, group)
-    A_inv = inverse_for_backward(A_inv, k_used, v)  # the fp32 inverse is freed here
+    A_inv, W, U = gluon.pick("wy", wy_fwd, k_used, v, index)(k_used, v, beta, G, index, group,
+                                                             A_inv_for_backward=True)
     h, v_new, final = gluon.pick("state", chunk_state_fwd, k_used, W, U, index)(
         k_used, W, U, G, index, group, initial_state=initial_state,
         output_final_state=output_final_state, store_states=True,

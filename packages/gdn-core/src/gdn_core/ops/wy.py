@@ -113,22 +113,26 @@ def _ieee(a, b):
 
 
 @triton.jit
-def _wy_apply_tiles(p_a, RSA, p_k, KS, p_w, WS, p_v, VS, p_u, US, g, beta, t, n,
+def _wy_apply_tiles(p_a, RSA, p_k, KS, p_w, WS, p_v, VS, p_u, US, g, beta, t, n, p_a16,
                     K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                    PREC: tl.constexpr, DOT16: tl.constexpr):
+                    PREC: tl.constexpr, DOT16: tl.constexpr, STORE_A16: tl.constexpr):
     """``W = A_inv diag(β e^G) K`` and ``U = A_inv diag(β) V`` for one chunk.
 
     ``p_a``: the chunk's ``[64, 64]`` fp32 ``A_inv`` (row stride ``RSA``);
     ``p_k``/``p_v``: its first key/value row (row strides ``KS``/``VS``);
     ``g``, ``beta``: ``[64]`` fp32 gate cumsum and write strength (0 past ``n``).
     ``DOT16``: round both operands to the output's 16-bit type and take a
-    native 16-bit dot (else fp32 operands at precision ``PREC``).
+    native 16-bit dot (else fp32 operands at precision ``PREC``). ``STORE_A16`` (with
+    ``DOT16``): the rounded inverse is also stored at ``p_a16`` (the layout of ``p_a``):
+    ``A_inv.to(dtype)``'s bits, which the backward reads, without a cast launch.
     """
     mt = t < n
     c = tl.arange(0, 64)
     a = tl.load(p_a + t[:, None] * RSA + c[None, :], mask=mt[:, None], other=0.0)
     if DOT16:
         a = a.to(p_w.dtype.element_ty)
+        if STORE_A16:
+            tl.store(p_a16 + t[:, None] * RSA + c[None, :], a, mask=mt[:, None])
     else:
         a = a.to(tl.float32)
     _dot_rows(a, p_k, KS, p_w, WS, beta * tl.exp(g), t, mt, K, BK, PREC, DOT16)
@@ -168,6 +172,7 @@ def _wy_kernel(
     HV,
     VT,
     VH,
+    A16,
     GROUP: tl.constexpr,
     K: tl.constexpr,
     V: tl.constexpr,
@@ -176,11 +181,13 @@ def _wy_kernel(
     PREC: tl.constexpr,
     DOT16: tl.constexpr,
     INVERT: tl.constexpr,
+    STORE_A16: tl.constexpr,
 ):
     """One chunk × value head. ``INVERT``: phases 1–2 build ``A_inv`` in place
     (:func:`wy_fwd`); else ``A_inv`` is read as given (:func:`wy_apply`). ``VT``,
     ``VH``: ``v``'s token and head strides (a view of a packed projection is read
-    in place)."""
+    in place). ``STORE_A16``: phase 3 also writes the inverse rounded to the 16-bit
+    input type into ``A16`` (the backward's copy); ``A16`` is unused (``None``) otherwise."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
@@ -237,9 +244,13 @@ def _wy_kernel(
         tl.debug_barrier()
 
     # ---- phase 3: W, U ----
+    if STORE_A16:
+        p_a16 = A16 + bos * RS + i_hv * 64
+    else:
+        p_a16 = p_a  # unused
     _wy_apply_tiles(p_a, RS, p_k, KS, W + bos * HV * K + i_hv * K, HV * K,
                     v + bos * VT + i_hv * VH, VT, U + bos * HV * V + i_hv * V, HV * V,
-                    g, b, t, n, K, V, BK, BV, PREC, DOT16)
+                    g, b, t, n, p_a16, K, V, BK, BV, PREC, DOT16, STORE_A16)
 
 
 _WY_KERNEL = cached_launch(_wy_kernel)
@@ -289,6 +300,7 @@ def wy_fwd(
     group: int,
     *,
     output_A_inv: bool = True,
+    A_inv_for_backward: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """WY representation of every chunk.
 
@@ -302,20 +314,29 @@ def wy_fwd(
         group: value heads per q/k head.
         output_A_inv: also return ``A_inv`` (the forward pass does not need it;
             the kernel writes it either way, as its working memory).
+        A_inv_for_backward: return ``A_inv`` as the backward reads it (the bits of
+            :func:`inverse_for_backward` of the fp32 one): in ``k``'s 16-bit dtype,
+            written by the kernel itself, where the W/U dots are 16-bit.
 
     Returns:
         ``(A_inv, W, U)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of
         ``(I + A)^{-1}`` of its chunk, columns within the chunk, zero past the
-        chunk's length) or ``None``; ``W: [T, HV, K]`` in ``k``'s dtype;
-        ``U: [T, HV, V]`` in ``v``'s dtype.
+        chunk's length; 16-bit with ``A_inv_for_backward``, see above) or ``None``;
+        ``W: [T, HV, K]`` in ``k``'s dtype; ``U: [T, HV, V]`` in ``v``'s dtype.
     """
     _check_inputs(k, v, beta, G, index, group)
     # The kernel builds the inverse in A_inv's memory: allocated either way.
     A_inv = torch.empty(k.shape[0], v.shape[1], 64, dtype=torch.float32, device=k.device)
-    W, U, grid, args, constexprs = _launch_spec(k, v, beta, G, A_inv, index, group, invert=True)
+    a16 = None
+    if output_A_inv and A_inv_for_backward and _dot16(k, v):
+        a16 = torch.empty(A_inv.shape, dtype=k.dtype, device=k.device)
+    W, U, grid, args, constexprs = _launch_spec(k, v, beta, G, A_inv, index, group, invert=True,
+                                                a16=a16)
     if grid is not None:
         _WY_KERNEL[grid](*args, **constexprs)
-    return (A_inv if output_A_inv else None), W, U
+    if not output_A_inv:
+        return None, W, U
+    return (a16 if a16 is not None else A_inv), W, U
 
 
 def _dot16(k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -333,10 +354,12 @@ def inverse_for_backward(A_inv: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return A_inv.to(k.dtype) if _dot16(k, v) else A_inv
 
 
-def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool):
+def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool,
+                 a16: torch.Tensor | None = None):
     """``(W, U, grid, args, constexprs)`` of a :func:`_wy_kernel` launch (inputs checked
     by the caller); ``grid`` is ``None`` when there is nothing to launch. Each launcher
-    makes the launch itself (no frame between it and the kernel)."""
+    makes the launch itself (no frame between it and the kernel). ``a16``: the buffer of
+    the 16-bit inverse phase 3 also writes (:func:`wy_fwd`), else ``None``."""
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     k, beta, A_inv = (x.contiguous() for x in (k, beta, A_inv))
@@ -348,11 +371,11 @@ def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert:
         return W, U, None, (), {}
     cfg = wy_config(K, V)
     args = (k, v, beta, G, A_inv, W, U, index.chunk_start, index.chunk_len, H, HV,
-            v.stride(0), v.stride(1))
+            v.stride(0), v.stride(1), a16)
     constexprs = dict(
         GROUP=group, K=K, V=V, BK=cfg["BK"], BV=cfg["BV"],
         PREC="ieee" if k.dtype == torch.float32 else "tf32",
-        DOT16=_dot16(k, v), INVERT=invert,
+        DOT16=_dot16(k, v), INVERT=invert, STORE_A16=a16 is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return W, U, (index.num_chunks, HV), args, constexprs

@@ -510,6 +510,7 @@ def wy_fwd_gluon(
     group: int,
     *,
     output_A_inv: bool = True,
+    A_inv_for_backward: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
     """WY representation of every chunk, by the Gluon kernel (opt-in; the Triton
     :func:`gdn_core.ops.wy.wy_fwd` is the default, with the same arguments and results).
@@ -523,11 +524,14 @@ def wy_fwd_gluon(
         index: the chunk table (chunks of 64 tokens).
         group: value heads per key head.
         output_A_inv: also return ``A_inv`` (when False the kernel does not write it).
+        A_inv_for_backward: return ``A_inv`` as the backward reads it
+            (:func:`~gdn_core.ops.wy.inverse_for_backward`: here a cast after the kernel).
 
     Returns:
         ``(A_inv, W, U)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of ``(I + A)^{-1}``
-        of its chunk, columns within the chunk, zero past the chunk's length) or
-        ``None``; ``W: [T, HV, 128]`` in k's dtype; ``U: [T, HV, 128]`` in v's dtype.
+        of its chunk, columns within the chunk, zero past the chunk's length; with
+        ``A_inv_for_backward`` in k's dtype) or ``None``; ``W: [T, HV, 128]`` in k's
+        dtype; ``U: [T, HV, 128]`` in v's dtype.
 
     Raises:
         ValueError: shapes that do not match (as :func:`~gdn_core.ops.wy.wy_fwd`), K or V
@@ -550,6 +554,10 @@ def wy_fwd_gluon(
         chunk_start=index.chunk_start, chunk_len=index.chunk_len, HV=HV,
         GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=output_A_inv, num_warps=GLUON_WY_WARPS,
     )
+    if output_A_inv and A_inv_for_backward:
+        from gdn_core.ops.wy import inverse_for_backward
+
+        A_inv = inverse_for_backward(A_inv, k, v)
     return (A_inv if output_A_inv else None), W, U
 
 
