@@ -1,4 +1,5 @@
-"""GDN_CORE_GLUON: which stages ask for their Gluon kernel, and that the pipeline keeps
+"""GDN_CORE_GLUON: which stages ask for their Gluon kernel (unset: the default stages;
+``none``: no stage), and that the pipeline keeps
 the Triton kernel wherever the Gluon one does not serve (here: no GPU, or other shapes),
 with the same bits as without the switch."""
 
@@ -13,12 +14,24 @@ from gdn_core.ops.output import chunk_output_fwd
 
 
 @pytest.mark.parametrize("value, output, grads", [
-    ("", False, False), ("output", True, False), ("grads", False, True),
+    ("", False, True), (" ", False, True), ("none", False, False), (" none ", False, False),
+    ("output", True, False), ("grads", False, True),
     (" output , grads ", True, True), ("all", True, True),
 ])
 def test_requested(monkeypatch, value, output, grads):
     monkeypatch.setenv(gluon.GLUON_ENV, value)
     assert gluon.requested("output") is output and gluon.requested("grads") is grads
+
+
+def test_unset_means_the_default_stages(monkeypatch):
+    monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    assert {s for s in gluon.STAGES if gluon.requested(s)} == gluon.DEFAULT_STAGES == {"grads"}
+
+
+def test_none_with_stages_raises(monkeypatch):
+    monkeypatch.setenv(gluon.GLUON_ENV, "none,grads")
+    with pytest.raises(ValueError, match="'none' cannot be combined"):
+        gluon.requested("grads")
 
 
 def test_unknown_stage_raises(monkeypatch):
@@ -104,7 +117,7 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
         names = {launch.name.rsplit(".", 1)[-1] for launch in launches}
         return names, [o.detach()] + [x.grad for x in leaves]
 
-    monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    monkeypatch.setenv(gluon.GLUON_ENV, "none")  # Triton everywhere
     monkeypatch.setenv("GDN_CORE_FUSED_FWD", "0")  # the fused forward replaces state+output
     names, want = run()
     every = {getattr(importlib.import_module(f"gdn_core.ops.gluon.{m}"), n).__name__
@@ -118,6 +131,49 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
     assert "chunk_grads_bwd_gluon" not in names
     for a, b in zip(got, want):
         rel = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
+        assert rel.item() < 2e-2, rel.item()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gluon.available(), reason="needs an sm_90 GPU with Gluon")
+def test_the_default_runs_the_gluon_chunk_gradients(monkeypatch):
+    """Unset, the variable means :data:`~gdn_core.ops.gluon.DEFAULT_STAGES`: a det
+    forward+backward (bf16, K = V = 128, 2 documents, L2 norm) launches the one-tile Gluon
+    chunk-gradient kernel, with the bits of ``GDN_CORE_GLUON=grads``, within bf16 tolerance
+    of ``none`` (the Triton kernels), and nothing else from Gluon."""
+    from gdn_core.autograd import chunk_gdn_autograd
+    from gdn_core.ops.registry import record_launches
+
+    gen = torch.Generator().manual_seed(2)
+    T, H = 640, 2
+    cu = torch.tensor([0, 200, T], dtype=torch.int32, device="cuda")
+    base = [torch.randn(1, T, H, 128, generator=gen) for _ in range(3)]
+    base += [torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen)),
+             torch.rand(1, T, H, generator=gen)]
+    base = [x.cuda().to(torch.float32 if i == 3 else torch.bfloat16) for i, x in enumerate(base)]
+    do = torch.randn(1, T, H, 128, generator=gen).cuda().bfloat16()
+
+    def run(value):
+        if value is None:
+            monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+        else:
+            monkeypatch.setenv(gluon.GLUON_ENV, value)
+        leaves = [x.clone().requires_grad_(True) for x in base]
+        with record_launches() as launches:
+            o, _ = chunk_gdn_autograd(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
+                                      deterministic=True)
+            o.backward(do)
+        names = {launch.name.rsplit(".", 1)[-1] for launch in launches}
+        return names, [o.detach()] + [x.grad for x in leaves]
+
+    names, got = run(None)
+    gluon_names = {n for n in names if n.endswith(("_gluon", "_gluon_pipelined"))}
+    assert gluon_names == {"chunk_grads_bwd_gluon"}, names
+    _, asked = run("grads")
+    _, triton = run("none")
+    for a, b, c in zip(got, asked, triton):
+        assert torch.equal(a, b)
+        rel = ((a.float() - c.float()).abs().max() / c.float().abs().max().clamp_min(1e-6))
         assert rel.item() < 2e-2, rel.item()
 
 

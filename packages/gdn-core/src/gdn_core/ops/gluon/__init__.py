@@ -1,13 +1,14 @@
-"""Kernels in Gluon (``triton.experimental.gluon``, Triton 3.6's Hopper API), opt-in.
+"""Kernels in Gluon (``triton.experimental.gluon``, Triton 3.6's Hopper API).
 
-The pipeline runs them only when asked: the environment variable ``GDN_CORE_GLUON``
-names the stages (the keys of :data:`STAGES`: ``output``, ``grads``, ``grads2``, ``wy``,
-``wy_apply``, ``state``, ``state_bwd``, ``dv_local``; comma-separated, or ``all``) whose
-Gluon kernel replaces the Triton one where it serves the call (``grads2``, the persistent
-chunk-gradient kernel, supersedes ``grads``' kernel where both are asked for).
-:func:`pick` chooses; elsewhere the Triton kernel runs, and a profile or
-``record_launches`` shows which ran. A caller may also use a launcher directly
-(``gdn_core.ops.gluon.<module>.<launcher>``, :data:`STAGES` names them).
+The environment variable ``GDN_CORE_GLUON`` names the stages (the keys of :data:`STAGES`:
+``output``, ``grads``, ``grads2``, ``wy``, ``wy_apply``, ``state``, ``state_bwd``,
+``dv_local``; comma-separated, ``all``, or ``none``) whose Gluon kernel replaces the Triton
+one where it serves the call (``grads2``, the persistent chunk-gradient kernel, supersedes
+``grads``' kernel where both are asked for). Unset or empty, it means
+:data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``);
+``none`` keeps Triton everywhere. :func:`pick` chooses; elsewhere the Triton kernel runs,
+and a profile or ``record_launches`` shows which ran. A caller may also use a launcher
+directly (``gdn_core.ops.gluon.<module>.<launcher>``, :data:`STAGES` names them).
 
 The state stage replaces only the passes that walk a segment from its entry state (the
 forward, the backward's recompute); the segment summaries (the ``[E | M]`` launch and
@@ -26,7 +27,7 @@ import importlib
 import os
 from collections.abc import Callable
 
-__all__ = ["GLUON_ENV", "STAGES", "available", "pick", "requested"]
+__all__ = ["DEFAULT_STAGES", "GLUON_ENV", "STAGES", "available", "pick", "requested"]
 
 #: the environment variable naming the stages whose Gluon kernel is wanted
 GLUON_ENV = "GDN_CORE_GLUON"
@@ -47,9 +48,17 @@ STAGES: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: the stages a call runs on Gluon when :data:`GLUON_ENV` is unset: ``grads``, the one-tile
+#: chunk-gradient kernel, measured 0.85-0.90x the Triton pipeline's forward+backward at B4
+#: T8192, B1 T32768 and B1 T32768 8 documents and level at B1 T8192 (session 14,
+#: ``benchmarks/results/2026-12-02-h200-s14.md``). The others were slower there.
+DEFAULT_STAGES: frozenset[str] = frozenset({"grads"})
+
+
 def requested(stage: str) -> bool:
     """Whether :data:`GLUON_ENV` asks for the Gluon kernel of ``stage`` (a key of
-    :data:`STAGES`; the variable holds stage names, comma-separated, or ``all``).
+    :data:`STAGES`; the variable holds stage names, comma-separated, ``all`` or ``none``;
+    unset or empty: :data:`DEFAULT_STAGES`).
 
     Raises:
         ValueError: the variable names an unknown stage (a typo must not silently
@@ -62,10 +71,16 @@ def requested(stage: str) -> bool:
 @functools.lru_cache(maxsize=16)
 def _stage_names(raw: str) -> frozenset[str]:
     names = frozenset(n.strip() for n in raw.split(",") if n.strip())
+    if not names:
+        return DEFAULT_STAGES
+    if "none" in names:
+        if len(names) > 1:
+            raise ValueError(f"{GLUON_ENV}={raw!r}: 'none' cannot be combined with stages")
+        return frozenset()
     unknown = names - {*STAGES, "all"}
     if unknown:
         raise ValueError(f"{GLUON_ENV}={raw!r}: unknown stage(s) {sorted(unknown)}; known: "
-                         f"{', '.join(STAGES)}, all")
+                         f"{', '.join(STAGES)}, all, none")
     return names
 
 
