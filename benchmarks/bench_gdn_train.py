@@ -748,6 +748,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-flush", action="store_true",
                    help="do not overwrite a 256 MiB buffer (L2 flush) between timed calls")
     p.add_argument("--device", default=None, help="cuda (default when available) or cpu")
+    p.add_argument("--warm-compile-jobs", type=int, default=0, metavar="N",
+                   help="before timing, run each own-process anchor once per shape, N "
+                        "processes at a time, so that one compiling per shape (FlashQLA's "
+                        "TileLang kernels) fills its disk cache in parallel (default 0: off)")
     p.add_argument("--json", metavar="PATH", default=None, help="also write the results as JSON")
     # Internal: an anchor's own process (anchors.py) and the shared fp32 references.
     p.add_argument("--arm-process-json", default=None, help=argparse.SUPPRESS)
@@ -771,6 +775,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not arms:
         p.error("no arms selected")
     args.arm_names = list(dict.fromkeys(arms))
+    if args.warm_compile_jobs < 0:
+        p.error("--warm-compile-jobs must be >= 0")
     if args.warmup < 0 or args.iters < 1:
         p.error("--warmup must be >= 0 and --iters >= 1")
     if args.arm_process_json and len(args.arm_names) != 1:
@@ -899,6 +905,41 @@ def _arm_process_argv(args: argparse.Namespace, name: str, device: torch.device,
     return argv
 
 
+def _warm_compile(args: argparse.Namespace, device: torch.device, shapes: list[GDNShape],
+                  names: list[str], work: str) -> None:
+    """One untimed forward+backward per (own-process arm, shape), ``--warm-compile-jobs``
+    processes at a time, before any timing. An anchor that compiles its kernels for each
+    shape (FlashQLA's TileLang kernels: 90-190 s a shape on the H200 machine's host) fills
+    its on-disk kernel cache in parallel, and the timed process then loads from it; its
+    own warm-up calls are unchanged, so the timing is not. A failure here is only logged:
+    the timed run reports the arm's errors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    warm = argparse.Namespace(**{**vars(args), "warmup": 0, "iters": 1})
+    jobs = [(name, i, shape) for name in names for i, shape in enumerate(shapes)]
+
+    def one(job: tuple[str, int, GDNShape]) -> str:
+        name, i, shape = job
+        out = Path(work) / f"warm-{name}-{i}.json"
+        argv = _arm_process_argv(warm, name, device, [shape], [], out, work)
+        proc = anchors.ArmProcess(f"{name} warm-compile {shape.spec}", argv,
+                                  _arm_process_env(ARMS[name]))
+        try:
+            if not proc.read_status().get("ok"):
+                proc.quit()
+                return f"{name} {shape.spec}: did not load"
+            return f"{name} {shape.spec}: exit {proc.run()}"
+        finally:
+            proc.kill()
+
+    t0 = time.perf_counter()
+    log(f"warm compile: {len(jobs)} untimed runs, {args.warm_compile_jobs} at a time")
+    with ThreadPoolExecutor(max_workers=args.warm_compile_jobs) as pool:
+        for line in pool.map(one, jobs):
+            log(f"warm compile: {line}")
+    log(f"warm compile done in {time.perf_counter() - t0:.0f} s")
+
+
 def _arm_process_env(spec: ArmSpec) -> dict[str, str]:
     env = dict(os.environ)
     for key, value in spec.env:
@@ -1002,6 +1043,8 @@ def _main(args: argparse.Namespace, device: torch.device, shapes: list[GDNShape]
             print(f"error: the accuracy check needs gdn_core.reference: {exc} "
                   "(or pass --acc-shapes none)", file=sys.stderr)
             return 2
+    if not failures and args.warm_compile_jobs > 0:
+        _warm_compile(args, device, shapes, [n for n in remote if n not in skipped], work)
     if not failures:  # start every anchor's process; each loads its arm and reports
         for name in remote:
             if name in skipped:
