@@ -15,6 +15,9 @@
 #   call 4 (~200 s):  bash tools/h200_s15_validate.sh 4
 #       KCP simulated worlds 2/4/8 (issue 19 target 4) under the new default; the kernel
 #       profile at B1 T32768 8 documents; host time at T1024
+#   call 5 (~300 s, carry [".whl-fla"]):  bash tools/h200_s15_validate.sh 5
+#       the layer against fla's (issue 21 target 3; session 13: det / fla 0.85-1.05), the
+#       packed-document shape twice (fla's layer autotunes at its first shape)
 #
 # Everything lands in $OUT/s15_<step>.tgz (logs inside). Only -m gpu tests on a GPU machine.
 # Keep calls back to back: the machine is given back after ~30 s idle, and a cold start
@@ -70,11 +73,17 @@ step4() {
     --repeats 3 > "$LOG/host_T1024.txt" 2>&1; echo "host exit $?"; cat "$LOG/host_T1024.txt"
 }
 
+step5() {
+  OUT=$LOG STAGES=layer CONV_TIMEOUT=60 LAYER_SHAPES="1:32768:8 1:32768 4:8192 1:8192 1:32768:8" \
+    LAYER_TIMEOUT=420 bash tools/h200_validate.sh
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
   3) step3 ;;
   4) step4 ;;
-  *) echo "usage: bash tools/h200_s15_validate.sh 1|2|3|4"; exit 2 ;;
+  5) step5 ;;
+  *) echo "usage: bash tools/h200_s15_validate.sh 1|2|3|4|5"; exit 2 ;;
 esac
 tar czf "$OUT/s15_${1}.tgz" -C "$OUT" s15 && rm -rf "$OUT/s15"
