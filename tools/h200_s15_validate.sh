@@ -15,6 +15,10 @@
 #   call 4 (~200 s):  bash tools/h200_s15_validate.sh 4
 #       KCP simulated worlds 2/4/8 (issue 19 target 4) under the new default; the kernel
 #       profile at B1 T32768 8 documents; host time at T1024
+#   call 6 (~120 s), on branch fwdinline (git checkout fwdinline first; back to main after):
+#       bash tools/h200_s15_validate.sh 6
+#       the forward without W/U (GDN_CORE_FWD_INLINE=1): its GPU tests and its probe
+#       (wy_fwd + fused vs wy_inverse_fwd + inline; merge only if faster)
 #   call 5 (~300 s, carry [".whl-fla"]):  bash tools/h200_s15_validate.sh 5
 #       the layer against fla's (issue 21 target 3; session 13: det / fla 0.85-1.05), the
 #       packed-document shape twice (fla's layer autotunes at its first shape)
@@ -78,12 +82,24 @@ step5() {
     LAYER_TIMEOUT=420 bash tools/h200_validate.sh
 }
 
+step6() {
+  [[ -f benchmarks/fwd_inline_probe.py ]] || { echo "not on branch fwdinline"; return 1; }
+  timeout 200 python3 -m pytest -v -p no:cacheprovider -m gpu \
+    packages/gdn-core/tests/test_chunk_fwd_inline_gpu.py > "$LOG/inline_tests.log" 2>&1
+  echo "inline tests exit $?"; tail -3 "$LOG/inline_tests.log"
+  timeout 150 python3 benchmarks/fwd_inline_probe.py > "$LOG/fwd_inline_probe.txt" 2>&1
+  echo "probe exit $?"; cut -c1-220 "$LOG/fwd_inline_probe.txt" | tail -20
+  local s2="B1,T32768,H16;B1,T32768,H16,D8"
+  GDN_CORE_FWD_INLINE=1 e2e inline1 "$s2"; e2e inline0 "$s2"
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
   3) step3 ;;
   4) step4 ;;
   5) step5 ;;
-  *) echo "usage: bash tools/h200_s15_validate.sh 1|2|3|4|5"; exit 2 ;;
+  6) step6 ;;
+  *) echo "usage: bash tools/h200_s15_validate.sh 1|2|3|4|5|6"; exit 2 ;;
 esac
 tar czf "$OUT/s15_${1}.tgz" -C "$OUT" s15 && rm -rf "$OUT/s15"
