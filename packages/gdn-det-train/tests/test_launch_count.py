@@ -38,9 +38,10 @@ def test_det_fwd_bwd_launch_count(run_script):
         # forward l2norm(q,k), cumsum, WY, summaries, fold, fused state+output;
         # backward WY apply, state recompute, local dV, first reverse pass, fold, reverse
         # pass, the two chunk-gradient kernels, l2norm backward(dq,dk)
-        assert c["triton"] == 15, listing
+        assert c["triton"] == 15, (name, listing)
         # aten ops with device work (13 before): the forward fold's h0 rows (index_put_),
         # the final state's rows (index), the first backward pass's dht rows (new_zeros,
-        # index_put_; the backward fold reuses them); with 3 documents also the gather of
-        # dh0's first-segment rows (one document: a view)
-        assert c["work"] == {"1doc": 4, "3docs": 5}[name], listing
+        # index_put_; the backward fold reuses them), the gather of dh0's first-segment
+        # rows (a view only where those are all the rows: a few rows' view would keep the
+        # whole fold buffer alive in h0.grad)
+        assert c["work"] == 5, (name, listing)

@@ -939,9 +939,12 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
         dv = dv.reshape(B, T, s.HV, s.V)
         dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     if want_h0:
-        if L is not None:  # consecutive first rows (one document): a view, no gather
+        if L is not None:  # every row a document's first (no segments): dh0 itself
             rows = _contiguous_rows(L.first_rows)
-            dh0 = dh0[rows] if rows is not None else dh0[L.tables(dh0.device).first_rows]
+            whole = rows is not None and rows == slice(0, dh0.shape[0])
+            # else a gather: a view of a few rows would keep the whole buffer alive in
+            # h0.grad
+            dh0 = dh0 if whole else dh0[L.tables(dh0.device).first_rows]
     else:
         dh0 = None
     return GDNGrads(dq, dk, dv, dg, dbeta, dh0)
