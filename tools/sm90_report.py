@@ -503,6 +503,21 @@ def bwd_reports() -> None:
            meta, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
+def l2norm_reports() -> None:
+    """The L2-norm kernels as :func:`gdn_core.ops.l2norm.l2norm_fwd_pair` and
+    :func:`~gdn_core.ops.l2norm.l2norm_bwd_pair` launch them (bf16 q/k, D = 128; the
+    backward reads the fp32 ``dq``/``dk`` partials and rounds into bf16)."""
+    from gdn_core.ops.l2norm import _l2norm_bwd_kernel, _l2norm_fwd_kernel, _rows
+
+    BR, BD = _rows(128)
+    bf, f32 = "*bf16", "*fp32"
+    # xa ya ra xb yb rb R H xa_row xa_head xb_row xb_head eps
+    report(_l2norm_fwd_kernel, [bf, bf, f32] * 2 + ["i32", "i32"] + ["i32:16"] * 4 + ["fp32"],
+           dict(D=128, BR=BR, BD=BD))
+    # ya ra dya dxa yb rb dyb dxb R
+    report(_l2norm_bwd_kernel, [bf, f32, f32, bf] * 2 + ["i32"], dict(D=128, BR=BR, BD=BD))
+
+
 if __name__ == "__main__":
     import sys
 
@@ -511,7 +526,7 @@ if __name__ == "__main__":
              "gluon_state_bwd": gluon_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
-             "fused_fwd": fused_fwd_reports}
+             "fused_fwd": fused_fwd_reports, "l2norm": l2norm_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)

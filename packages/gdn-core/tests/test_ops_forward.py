@@ -21,7 +21,9 @@ from gdn_core.ops import (
     gdn_forward_triton,
     inverse_for_backward,
     l2norm_bwd,
+    l2norm_bwd_pair,
     l2norm_fwd,
+    l2norm_fwd_pair,
     record_launches,
     registered_launchers,
     wy_apply,
@@ -154,6 +156,32 @@ def test_l2norm_reads_a_projection_view_in_place():
     y, rstd = l2norm_fwd(view)
     y2, rstd2 = l2norm_fwd(view.contiguous())
     assert y.is_contiguous() and torch.equal(y, y2) and torch.equal(rstd, rstd2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_l2norm_pairs_give_the_single_launches_bits(dtype):
+    """q and k in one launch (forward and backward): bitwise each one's own launch, for
+    views of a packed projection too; one launch each (two on shapes that differ)."""
+    gen = torch.Generator().manual_seed(5)
+    proj = torch.randn(41, 2, 3, 32, generator=gen).to(dtype)
+    q, k = proj[:, 0], proj[:, 1]  # [41, 3, 32] views, strides of the projection
+    dq, dk = (torch.randn(41, 3, 32, generator=gen) for _ in range(2))
+    with record_launches() as launches:
+        (yq, rq), (yk, rk) = l2norm_fwd_pair(q, k)
+        dxq, dxk = l2norm_bwd_pair((yq, rq, dq, torch.empty_like(q)),
+                                   (yk, rk, dk, torch.empty_like(k)))
+    assert [launch.name.rsplit(".", 1)[-1] for launch in launches] == [
+        "l2norm_fwd_pair", "l2norm_bwd_pair"]
+    for x, y, r, dy, dx in ((q, yq, rq, dq, dxq), (k, yk, rk, dk, dxk)):
+        y1, r1 = l2norm_fwd(x)
+        assert torch.equal(y, y1) and torch.equal(r, r1)
+        assert torch.equal(dx, l2norm_bwd(y1, r1, dy, out=torch.empty_like(x)))
+    # of two shapes: each its own launch, the same results
+    (ya, _), (yb, _) = l2norm_fwd_pair(q, k[:7])
+    assert torch.equal(ya, yq) and torch.equal(yb, yk[:7])
+    dxa, dxb = l2norm_bwd_pair((yq, rq, dq, None), (yk[:7], rk[:7], dk[:7], None))
+    assert torch.equal(dxa, l2norm_bwd(yq, rq, dq))
+    assert torch.equal(dxb, l2norm_bwd(yk[:7], rk[:7], dk[:7]))
 
 
 def test_l2norm_empty():
@@ -449,7 +477,8 @@ def test_forward_deterministic_and_no_atomics():
     b = gdn_forward_triton(q, k, v, g, beta, **kwargs)
     assert torch.equal(a.o, b.o) and torch.equal(a.final_state, b.final_state)
     names = {launch.name.rsplit(".", 1)[-1] for launch in launches}
-    assert {"l2norm_fwd", "chunk_cumsum_fwd", "wy_fwd", "chunk_state_fwd"} <= names
+    # q and k are normalised in one launch
+    assert {"l2norm_fwd_pair", "chunk_cumsum_fwd", "wy_fwd", "chunk_state_fwd"} <= names
     assert "chunk_output_fwd" in names
     assert not [launch for launch in launches if launch.uses_atomics]
     # declarations match the kernel sources

@@ -111,7 +111,7 @@ def finish_in_slabs(bst: Any, slabs: tuple[Slab, ...], D: torch.Tensor | None,
     from gdn_core.ops import gluon
     from gdn_core.ops.backward import Recomputed, backward_from_recompute
     from gdn_core.ops.chunk_state import chunk_state_fwd
-    from gdn_core.ops.l2norm import l2norm_bwd
+    from gdn_core.ops.l2norm import l2norm_bwd_pair
     from gdn_core.ops.wy import wy_apply
 
     saved = bst.saved
@@ -148,8 +148,8 @@ def finish_in_slabs(bst: Any, slabs: tuple[Slab, ...], D: torch.Tensor | None,
             num_docs=s.u1 - s.u0, dh0=Dj if reuse else None, out=out,
         )  # dv, dg, dbeta (and dq, dk where the kernels round them) are in out already
         if l2:  # the fp32 gradients through the normalisation, rounded into the outputs
-            l2norm_bwd(q[rows], saved.q_rstd[rows], dqj, out=out[0])
-            l2norm_bwd(kj, saved.k_rstd[rows], dkj, out=out[1])
+            l2norm_bwd_pair((q[rows], saved.q_rstd[rows], dqj, out[0]),
+                            (kj, saved.k_rstd[rows], dkj, out[1]))
         else:
             for res, buf in zip((dqj, dkj), out[:2], strict=True):
                 if res.data_ptr() != buf.data_ptr():

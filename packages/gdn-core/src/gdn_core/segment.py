@@ -470,6 +470,30 @@ def _state_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _fwd_rows_covered(L: SegmentLayout, ch: Chains, h0: bool, seeded: bool) -> bool:
+    """Whether the forward fold writes every row of its output before any read: the
+    seeds (``h0`` rows of the documents that start here; row 0 when ``seeded``) and the
+    chains' destinations (host sets, once per layout and options)."""
+    key = ("fwd_covered", ch, h0, seeded)
+    got = L._memo.get(key)
+    if got is None:
+        rows = set(ch.dst)
+        if h0:
+            rows.update(L.first_rows[d] for d in range(L.num_docs)
+                        if not (d == 0 and L.first_continues))
+        if seeded:
+            rows.add(0)
+        got = L._memo[key] = rows >= set(range(ch.rows))
+    return got
+
+
+def _contiguous_rows(rows: tuple[int, ...]) -> slice | None:
+    """``rows`` as a slice when they are consecutive (a view instead of a gather)."""
+    if rows and all(b == a + 1 for a, b in zip(rows[:-1], rows[1:])):
+        return slice(rows[0], rows[-1] + 1)
+    return None
+
+
 # ----------------------------------------------------------------- forward --
 
 
@@ -545,7 +569,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     from gdn_core.ops import gluon
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
-    from gdn_core.ops.l2norm import l2norm_fwd
+    from gdn_core.ops.l2norm import l2norm_fwd_pair
     from gdn_core.ops.tiles import unit_last
     from gdn_core.ops.wy import wy_fwd
 
@@ -558,8 +582,7 @@ def segment_fwd_begin(q, k, v, g, beta, *, layout: SegmentLayout, scale: float,
     gf, bf = g.flatten(0, 1).contiguous(), beta.flatten(0, 1).contiguous()
     st.v_flat, st.g_flat, st.beta_flat = vf, gf, bf
     if st.l2:
-        st.q_used, st.q_rstd = l2norm_fwd(qf)
-        st.k_used, st.k_rstd = l2norm_fwd(kf)
+        (st.q_used, st.q_rstd), (st.k_used, st.k_rstd) = l2norm_fwd_pair(qf, kf)  # one launch
     else:
         st.q_used, st.k_used = qf.contiguous(), kf.contiguous()
     st.G = chunk_cumsum_fwd(gf, index)
@@ -597,11 +620,16 @@ def segment_fwd_fold(st: SegmentForward, *, remote: torch.Tensor | None = None,
                    want_exit=want_exit)
     dev, sd = st.device, st.state_dtype
     nseg = L.num_segments
-    out = torch.zeros(ch.rows, s.HV, s.K, s.V, dtype=sd, device=dev)
-    if st.initial_state is not None:
+    h0 = st.initial_state
+    # every row a seed or a chain step writes needs no zero fill (one launch fewer)
+    covered = _fwd_rows_covered(L, ch, h0 is not None, seed is not None)
+    out = (torch.empty if covered else torch.zeros)(ch.rows, s.HV, s.K, s.V, dtype=sd,
+                                                    device=dev)
+    if h0 is not None:
         tabs = L.tables(dev)
         if tabs.h0_docs.numel():
-            out[tabs.h0_rows] = st.initial_state[tabs.h0_docs].to(sd)
+            # h0_docs: every document, or all but a continued first one (a view, no gather)
+            out[tabs.h0_rows] = (h0[1:] if L.first_continues else h0).to(sd)
     if seed is not None:
         out[0] = seed.to(sd)
     pool = st.summ
@@ -706,6 +734,7 @@ class SegmentBackward:
     workspace: Any = None
     P: torch.Tensor | None = None  # [nseg, HV, K, V] own initial-state gradients
     D: torch.Tensor | None = None  # [nseg, HV, K, V] final-state gradients (None: dht)
+    D0: torch.Tensor | None = None  # the first pass's dht rows (_doc_last_dht), for the fold
     # triton intermediates
     A_inv: torch.Tensor | None = None
     W: torch.Tensor | None = None
@@ -743,7 +772,8 @@ def _doc_last_dht(L: SegmentLayout, dht: torch.Tensor | None, rows: int,
     out = dht.new_zeros(rows, *dht.shape[1:], dtype=sd)
     tabs = L.tables(out.device)
     if tabs.dht_docs.numel():
-        out[tabs.dht_rows] = dht[tabs.dht_docs].to(sd)
+        # dht_docs: every document, or all but a continuing last one (a view, no gather)
+        out[tabs.dht_rows] = (dht[:-1] if L.last_continues else dht).to(sd)
     return out
 
 
@@ -761,8 +791,8 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     init = saved.seg_states if saved.seg_states is not None else saved.initial_state
     if saved.backend == "reference":  # the CPU path
         if need:
-            D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
-            bst.P = reference_phases.entry_state_grads(saved, do, init, D0)
+            bst.D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
+            bst.P = reference_phases.entry_state_grads(saved, do, init, bst.D0)
         return bst
 
     from gdn_core.ops import gluon
@@ -809,12 +839,12 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
                             out=ws["dv_local"])
     if need:
-        D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)
+        bst.D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)  # read, not written
         flags = L.tables(k.device).bwd_need
         state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, bst.W, bst.do_flat,
                                bst.dv_local, index)
-        _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, D0, saved.scale,
-                                index, group, store=False, need=flags)
+        _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, bst.D0,
+                                saved.scale, index, group, store=False, need=flags)
     if bst.slabs is not None:  # W and dV' are rebuilt slab by slab in the last phase
         bst.W = bst.dv_local = None
     return bst
@@ -843,9 +873,16 @@ def segment_bwd_fold(bst: SegmentBackward, *, remote: torch.Tensor | None = None
     sd = bst.state_dtype
     dev = bst.do.device
     nseg = L.num_segments
-    out = torch.zeros(ch.rows, s.HV, s.K, s.V, dtype=sd, device=dev)
-    if bst.dht is not None:
-        out[:nseg] = _doc_last_dht(L, bst.dht, nseg, sd)
+    D0, bst.D0 = bst.D0, None
+    if bst.dht is not None and D0 is None:
+        D0 = _doc_last_dht(L, bst.dht, nseg, sd)
+    if D0 is None:  # no dht: the documents' last rows start from zero
+        out = torch.zeros(ch.rows, s.HV, s.K, s.V, dtype=sd, device=dev)
+    elif ch.rows == nseg:  # the first pass's dht rows are the seeds (no fill, no copy)
+        out = D0
+    else:  # rows past nseg are scratch rows of the chains (written before read)
+        out = torch.empty(ch.rows, s.HV, s.K, s.V, dtype=sd, device=dev)
+        out[:nseg] = D0
     if seed is not None:
         out[nseg - 1] = seed.to(sd)
     if not ch.empty:
@@ -889,19 +926,25 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
             dh0=bst.D if bst.D is not None and bst.D.dtype == torch.float32 else None,
         )
         if l2:
-            from gdn_core.ops.l2norm import l2norm_bwd
+            from gdn_core.ops.l2norm import l2norm_bwd_pair
 
-            # the kernel rounds its fp32 result into the inputs' dtype (no cast launch)
-            dq = l2norm_bwd(saved.q, saved.q_rstd, dq, out=saved.q.new_empty(saved.q.shape))
-            dk = l2norm_bwd(saved.k, saved.k_rstd, dk, out=saved.k.new_empty(saved.k.shape))
+            # one launch for dq and dk; the kernel rounds its fp32 result into the inputs'
+            # dtype (no cast launch)
+            dq, dk = l2norm_bwd_pair(
+                (saved.q, saved.q_rstd, dq, saved.q.new_empty(saved.q.shape)),
+                (saved.k, saved.k_rstd, dk, saved.k.new_empty(saved.k.shape)))
     if saved.backend != "reference":  # the kernels' results are on flat tokens
         B, T = s.B, s.T
         dq, dk = dq.reshape(B, T, s.H, s.K), dk.reshape(B, T, s.H, s.K)
         dv = dv.reshape(B, T, s.HV, s.V)
         dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     if want_h0:
-        if L is not None:
-            dh0 = dh0[L.tables(dh0.device).first_rows]
+        if L is not None:  # every row a document's first (no segments): dh0 itself
+            rows = _contiguous_rows(L.first_rows)
+            whole = rows is not None and rows == slice(0, dh0.shape[0])
+            # else a gather: a view of a few rows would keep the whole buffer alive in
+            # h0.grad
+            dh0 = dh0 if whole else dh0[L.tables(dh0.device).first_rows]
     else:
         dh0 = None
     return GDNGrads(dq, dk, dv, dg, dbeta, dh0)

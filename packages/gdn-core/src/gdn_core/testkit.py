@@ -8,6 +8,8 @@ package (module) whose checkout a child interpreter must import.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import hashlib
 import json
 import os
@@ -25,9 +27,11 @@ from gdn_core.reference import naive_recurrent_gdn
 
 __all__ = [
     "GRAD_NAMES",
+    "LaunchAudit",
     "LiveBytes",
     "assert_close",
     "assert_equal",
+    "audit_fwd_bwd",
     "kcp_case_inputs",
     "kcp_case_single_device",
     "make_inputs",
@@ -286,3 +290,129 @@ class LiveBytes(TorchDispatchMode):
             if isinstance(o, torch.Tensor) and o.untyped_storage().data_ptr() not in inputs:
                 self._track(o)
         return out
+
+
+# ------------------------------------------------------------ launch audit --
+
+#: aten ops that only alias (no device work, no allocation)
+_VIEW_OPS = frozenset({
+    "view", "_unsafe_view", "reshape", "slice", "select", "as_strided", "t", "transpose",
+    "unsqueeze", "squeeze", "expand", "alias", "detach", "unbind", "split", "flatten",
+    "permute", "split_with_sizes", "chunk", "narrow", "view_as", "_reshape_alias",
+    "unflatten", "movedim", "diagonal", "_neg_view", "_conj", "sym_size", "sym_stride",
+    "sym_numel", "sym_storage_offset", "is_same_size",
+})
+_ALLOC_OPS = frozenset({"empty", "empty_strided", "new_empty", "empty_like",
+                        "new_empty_strided"})
+
+
+def _op_kind(name: str) -> str:
+    base = name.split(".")[1]
+    return "view" if base in _VIEW_OPS else "alloc" if base in _ALLOC_OPS else "work"
+
+
+def _caller() -> str:
+    """The innermost ``gdn_*`` frame outside the launch cache (``module:line function``)."""
+    f = sys._getframe(2)
+    while f is not None:
+        mod = f.f_globals.get("__name__", "")
+        if mod.startswith("gdn_") and mod not in ("gdn_core.ops.launch", __name__):
+            return f"{mod.removeprefix('gdn_core.')}:{f.f_lineno} {f.f_code.co_name}"
+        f = f.f_back
+    return "?"
+
+
+class LaunchAudit(TorchDispatchMode):
+    """Records the device work of the code run inside it, in order: ``("triton", kernel,
+    caller)`` for every Triton kernel launch (every launch site goes through
+    :func:`gdn_core.ops.launch.cached_launch`) and ``(kind, aten op, caller)`` for every
+    other op, ``kind`` ``"work"`` (a fill, copy, cast, gather, arithmetic: a device launch
+    on CUDA), ``"alloc"`` (``empty*``: host time only) or ``"view"``. The ops an
+    interpreted kernel runs are not recorded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[tuple[str, str, str]] = []
+        self._inside = 0
+        self._restore = None
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self._inside:
+            name = str(func)
+            self.events.append((_op_kind(name), name, _caller()))
+        return func(*args, **(kwargs or {}))
+
+    def __enter__(self):
+        from gdn_core.ops import launch
+
+        audit, getitem = self, launch.CachedLauncher.__getitem__
+
+        def counted_getitem(launcher, grid):
+            run = getitem(launcher, grid)
+
+            def counted(*a, **k):
+                audit.events.append(("triton", launcher.kernel.__name__, _caller()))
+                audit._inside += 1
+                try:
+                    return run(*a, **k)
+                finally:
+                    audit._inside -= 1
+            return counted
+
+        launch.CachedLauncher.__getitem__ = counted_getitem
+        self._restore = (launch.CachedLauncher, getitem)
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        cls, getitem = self._restore
+        cls.__getitem__ = getitem
+        return super().__exit__(*exc)
+
+    def counts(self) -> dict[str, int]:
+        """``{"triton": kernel launches, "work": aten ops with device work, "alloc": ...}``."""
+        c = collections.Counter(kind for kind, _, _ in self.events)
+        return {"triton": c["triton"], "work": c["work"], "alloc": c["alloc"]}
+
+    def listing(self) -> list[str]:
+        """One line per launch or non-view op."""
+        return [f"{kind:6} {op:40} {where}" for kind, op, where in self.events
+                if kind != "view"]
+
+
+def audit_fwd_bwd(fn, lengths, segment_size: int | None, *, h0: bool, final: bool,
+                  l2norm: bool = True, H: int = 2, D: int = 16, dtype=torch.float16,
+                  cuda_like: bool = True) -> LaunchAudit:
+    """The :class:`LaunchAudit` of one forward+backward of the autograd call ``fn`` (a
+    package's ``chunk_gated_delta_rule[_det]``) on packed documents of ``lengths``, after
+    a warm-up call of the same layout (the host caches filled). ``cuda_like``: route the
+    forward's last phase through the fused kernel and the fold through its Triton kernel,
+    as a CUDA call at K = V = 128, 16-bit, takes them (on the CPU: the interpreter)."""
+    import gdn_core.kcp.fold as fold
+    from gdn_core import segment
+
+    ins, cu, cot = make_inputs(lengths=lengths, H=H, HV=H, K=D, V=D, dtype=dtype,
+                               initial_state=h0, cu_as_list=True)
+
+    def step(ctx):
+        leaves = {n: (x.detach().clone().requires_grad_() if x is not None else None)
+                  for n, x in ins.items()}
+        with ctx:
+            o, ht = fn(leaves["q"], leaves["k"], leaves["v"], leaves["g"], leaves["beta"],
+                       initial_state=leaves["initial_state"], output_final_state=final,
+                       cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm,
+                       segment_size=segment_size)
+            outs, grads = ([o, ht], [cot["do"], cot["dht"]]) if final else ([o], [cot["do"]])
+            torch.autograd.backward(outs, grads)
+
+    fused, resolve = segment.fused_fwd_wanted, fold.resolve_fold_impl
+    if cuda_like:
+        segment.fused_fwd_wanted = lambda x, K, V: True
+        fold.resolve_fold_impl = lambda d, t, impl=None: (
+            "triton" if impl is None and t == torch.float32 else resolve(d, t, impl))
+    try:
+        step(contextlib.nullcontext())
+        audit = LaunchAudit()
+        step(audit)
+    finally:
+        segment.fused_fwd_wanted, fold.resolve_fold_impl = fused, resolve
+    return audit

@@ -6,7 +6,8 @@ chunks of 64 tokens given by a :class:`gdn_core.chunking.ChunkIndex`):
 1. :mod:`~gdn_core.ops.cumsum` — ``chunk_cumsum_fwd`` (within-chunk cumsum of
    ``g`` → ``G``) and ``chunk_cumsum_rev`` (its backward).
 2. :mod:`~gdn_core.ops.l2norm` — ``l2norm_fwd`` / ``l2norm_bwd`` (in-kernel
-   L2 normalisation of q and k).
+   L2 normalisation of q and k; ``l2norm_fwd_pair`` / ``l2norm_bwd_pair``: both
+   in one launch).
 3. :mod:`~gdn_core.ops.wy` — ``wy_fwd``: ``A_inv = (I + A)^{-1}``, ``W``, ``U``;
    ``wy_apply``: ``W``, ``U`` from a stored ``A_inv``.
 4. :mod:`~gdn_core.ops.chunk_state` — ``chunk_state_fwd``: states entering
@@ -22,7 +23,7 @@ pinned (no autotuning), so the forward is deterministic.
 from gdn_core.ops.chunk_state import chunk_state_fwd
 from gdn_core.ops.cumsum import chunk_cumsum_fwd, chunk_cumsum_rev
 from gdn_core.ops.forward import ForwardTensors, gdn_forward_triton
-from gdn_core.ops.l2norm import l2norm_bwd, l2norm_fwd
+from gdn_core.ops.l2norm import l2norm_bwd, l2norm_bwd_pair, l2norm_fwd, l2norm_fwd_pair
 from gdn_core.ops.output import chunk_output_fwd
 from gdn_core.ops.registry import launcher, record_launches, registered_launchers
 from gdn_core.ops.wy import inverse_for_backward, wy_apply, wy_fwd
@@ -36,7 +37,9 @@ __all__ = [
     "gdn_forward_triton",
     "inverse_for_backward",
     "l2norm_bwd",
+    "l2norm_bwd_pair",
     "l2norm_fwd",
+    "l2norm_fwd_pair",
     "launcher",
     "record_launches",
     "registered_launchers",

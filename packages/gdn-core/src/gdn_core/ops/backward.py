@@ -473,12 +473,16 @@ def chunk_gdn_backward(
     if l2:
         # The normalisation's backward reads dq/dk in fp32 and rounds its result once,
         # into the inputs' dtype.
-        from gdn_core.ops.l2norm import l2norm_bwd
+        from gdn_core.ops.l2norm import l2norm_bwd, l2norm_bwd_pair
 
-        dq = l2norm_bwd(q, q_rstd, dq, out=q.new_empty(q.shape)) if q_rstd is not None \
-            else dq.to(q.dtype)
-        dk = l2norm_bwd(k, k_rstd, dk, out=k.new_empty(k.shape)) if k_rstd is not None \
-            else dk.to(k.dtype)
+        if q_rstd is not None and k_rstd is not None:  # one launch for both
+            dq, dk = l2norm_bwd_pair((q, q_rstd, dq, q.new_empty(q.shape)),
+                                     (k, k_rstd, dk, k.new_empty(k.shape)))
+        else:
+            dq = l2norm_bwd(q, q_rstd, dq, out=q.new_empty(q.shape)) if q_rstd is not None \
+                else dq.to(q.dtype)
+            dk = l2norm_bwd(k, k_rstd, dk, out=k.new_empty(k.shape)) if k_rstd is not None \
+                else dk.to(k.dtype)
     return dq, dk, dv, dg, dbeta, dh0
 
 

@@ -16,7 +16,7 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops import gluon
 from gdn_core.ops.chunk_state import chunk_state_fwd
 from gdn_core.ops.cumsum import chunk_cumsum_fwd
-from gdn_core.ops.l2norm import l2norm_fwd
+from gdn_core.ops.l2norm import l2norm_fwd_pair
 from gdn_core.ops.output import chunk_output_fwd
 from gdn_core.ops.wy import wy_fwd
 
@@ -83,8 +83,7 @@ def gdn_forward_triton(
     if scale is None:
         scale = K**-0.5
     if use_qk_l2norm_in_kernel:
-        q_used, q_rstd = l2norm_fwd(q)
-        k_used, k_rstd = l2norm_fwd(k)
+        (q_used, q_rstd), (k_used, k_rstd) = l2norm_fwd_pair(q, k)  # one launch
     else:
         q_used, k_used, q_rstd, k_rstd = q, k, None, None
     G = chunk_cumsum_fwd(g, index)

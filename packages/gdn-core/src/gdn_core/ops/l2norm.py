@@ -3,7 +3,8 @@
 ``y = x · rstd`` with ``rstd = (Σ x² + 1e-6)^{-1/2}`` (matches
 :func:`gdn_core.reference.l2_normalize`); backward
 ``dx = rstd · (dy − y (y·dy))``. Row-parallel over the flat ``[T·H]`` rows,
-fp32 arithmetic, no atomics.
+fp32 arithmetic, no atomics. The ``_pair`` launchers run q's and k's rows in one
+launch (grid axis 1 picks the tensor; the same programs, so the same bits).
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ import triton.language as tl
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
-__all__ = ["l2norm_fwd", "l2norm_bwd", "L2NORM_EPS"]
+__all__ = ["l2norm_fwd", "l2norm_fwd_pair", "l2norm_bwd", "l2norm_bwd_pair", "L2NORM_EPS"]
 
 L2NORM_EPS = 1e-6
 
+_Normed = tuple[torch.Tensor, torch.Tensor]  # (y, rstd)
+
 
 @triton.jit
-def _l2norm_fwd_kernel(x, y, rstd, R, H, x_row, x_head, D: tl.constexpr, eps, BR: tl.constexpr,
-                       BD: tl.constexpr):
+def _l2norm_fwd_rows(x, y, rstd, R, H, x_row, x_head, D: tl.constexpr, eps, BR: tl.constexpr,
+                     BD: tl.constexpr):
     """Rows ``r = t·H + h``: read at ``t·x_row + h·x_head`` (``x``'s strides, unit last),
     written to the contiguous ``y``."""
     rr = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
@@ -38,7 +41,18 @@ def _l2norm_fwd_kernel(x, y, rstd, R, H, x_row, x_head, D: tl.constexpr, eps, BR
 
 
 @triton.jit
-def _l2norm_bwd_kernel(y, rstd, dy, dx, R, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
+def _l2norm_fwd_kernel(xa, ya, ra, xb, yb, rb, R, H, xa_row, xa_head, xb_row, xb_head,
+                       D: tl.constexpr, eps, BR: tl.constexpr, BD: tl.constexpr):
+    """One or two tensors of ``R`` rows each in one launch: ``program_id(1)`` 0 normalises
+    ``xa``, 1 ``xb`` (the same code: a row's bits do not depend on the pairing)."""
+    if tl.program_id(1) == 0:
+        _l2norm_fwd_rows(xa, ya, ra, R, H, xa_row, xa_head, D, eps, BR, BD)
+    else:
+        _l2norm_fwd_rows(xb, yb, rb, R, H, xb_row, xb_head, D, eps, BR, BD)
+
+
+@triton.jit
+def _l2norm_bwd_rows(y, rstd, dy, dx, R, D: tl.constexpr, BR: tl.constexpr, BD: tl.constexpr):
     rr = tl.program_id(0).to(tl.int64) * BR + tl.arange(0, BR)
     rd = tl.arange(0, BD)
     mr = rr < R
@@ -51,6 +65,16 @@ def _l2norm_bwd_kernel(y, rstd, dy, dx, R, D: tl.constexpr, BR: tl.constexpr, BD
     tl.store(dx + offs, b_dx.to(dx.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _l2norm_bwd_kernel(ya, ra, dya, dxa, yb, rb, dyb, dxb, R, D: tl.constexpr,
+                       BR: tl.constexpr, BD: tl.constexpr):
+    """The backward of one or two tensors in one launch (``program_id(1)``: which)."""
+    if tl.program_id(1) == 0:
+        _l2norm_bwd_rows(ya, ra, dya, dxa, R, D, BR, BD)
+    else:
+        _l2norm_bwd_rows(yb, rb, dyb, dxb, R, D, BR, BD)
+
+
 _L2NORM_BWD_KERNEL = cached_launch(_l2norm_bwd_kernel)
 _L2NORM_FWD_KERNEL = cached_launch(_l2norm_fwd_kernel)
 
@@ -58,6 +82,18 @@ _L2NORM_FWD_KERNEL = cached_launch(_l2norm_fwd_kernel)
 def _rows(D: int) -> tuple[int, int]:
     BD = triton.next_power_of_2(D)
     return max(1, min(64, 4096 // BD)), BD
+
+
+def _fwd_rows_view(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``[T, H, D]`` rows with a unit last stride (read in place), else a
+    contiguous ``[R, 1, D]`` copy."""
+    D = x.shape[-1]
+    return x if x.dim() == 3 and x.stride(-1) == 1 else x.contiguous().view(-1, 1, D)
+
+
+def _fwd_outputs(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(x.shape, dtype=x.dtype, device=x.device),
+            torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device))
 
 
 @launcher(uses_atomics=False, kernels=(_l2norm_fwd_kernel,))
@@ -73,19 +109,60 @@ def l2norm_fwd(x: torch.Tensor, eps: float = L2NORM_EPS) -> tuple[torch.Tensor, 
         ``(y, rstd)``: ``y`` of ``x``'s shape and dtype, contiguous; ``rstd:
         x.shape[:-1]`` fp32.
     """
-    D = x.shape[-1]
-    y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    rstd = torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device)
-    R = rstd.numel()
+    y, rstd = _fwd_outputs(x)
+    R, D = rstd.numel(), x.shape[-1]
     if R == 0 or D == 0:
         return y, rstd
-    rows = x if x.dim() == 3 and x.stride(-1) == 1 else x.contiguous().view(-1, 1, D)
+    rows = _fwd_rows_view(x)
     BR, BD = _rows(D)
-    _L2NORM_FWD_KERNEL[(triton.cdiv(R, BR),)](
-        rows, y, rstd, R, rows.shape[1], rows.stride(0), rows.stride(1), D, eps, BR=BR, BD=BD,
-        num_warps=4, num_stages=1
+    # pinned: 4 warps, one stage (a row-local reduction; the bits depend on the layout)
+    _L2NORM_FWD_KERNEL[(triton.cdiv(R, BR), 1)](
+        rows, y, rstd, rows, y, rstd, R, rows.shape[1], rows.stride(0), rows.stride(1),
+        rows.stride(0), rows.stride(1), D, eps, BR=BR, BD=BD, num_warps=4, num_stages=1
     )
     return y, rstd
+
+
+@launcher(uses_atomics=False, kernels=(_l2norm_fwd_kernel,))
+def l2norm_fwd_pair(a: torch.Tensor, b: torch.Tensor, eps: float = L2NORM_EPS
+                    ) -> tuple[_Normed, _Normed]:
+    """:func:`l2norm_fwd` of ``a`` and of ``b`` (q and k) in one launch, each row's bits
+    those of :func:`l2norm_fwd`.
+
+    Args:
+        a, b: as :func:`l2norm_fwd`'s ``x``; of one shape and device for the one
+            launch (else two launches of :func:`l2norm_fwd`).
+
+    Returns:
+        ``((y_a, rstd_a), (y_b, rstd_b))`` as :func:`l2norm_fwd`.
+    """
+    if a.shape != b.shape or a.device != b.device:
+        return l2norm_fwd(a, eps), l2norm_fwd(b, eps)
+    ya, ra = _fwd_outputs(a)
+    yb, rb = _fwd_outputs(b)
+    R, D = ra.numel(), a.shape[-1]
+    if R == 0 or D == 0:
+        return (ya, ra), (yb, rb)
+    xa, xb = _fwd_rows_view(a), _fwd_rows_view(b)
+    if xa.shape != xb.shape:  # one read in place, the other copied: two launches
+        return l2norm_fwd(a, eps), l2norm_fwd(b, eps)
+    BR, BD = _rows(D)
+    # pinned as l2norm_fwd's (the same programs); grid axis 1 picks the tensor
+    _L2NORM_FWD_KERNEL[(triton.cdiv(R, BR), 2)](
+        xa, ya, ra, xb, yb, rb, R, xa.shape[1], xa.stride(0), xa.stride(1), xb.stride(0),
+        xb.stride(1), D, eps, BR=BR, BD=BD, num_warps=4, num_stages=1
+    )
+    return (ya, ra), (yb, rb)
+
+
+def _bwd_args(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor,
+              out: torch.Tensor | None) -> tuple[torch.Tensor, ...]:
+    """``(y, rstd, dy, dx)`` contiguous, ``dx`` = ``out`` (checked) or fresh."""
+    y, dy, rstd = y.contiguous(), dy.contiguous(), rstd.contiguous()
+    if out is not None and (out.shape != dy.shape or not out.is_contiguous()):
+        raise ValueError(f"out must be a contiguous {tuple(dy.shape)} tensor, got "
+                         f"{tuple(out.shape)} (contiguous={out.is_contiguous()})")
+    return y, rstd, dy, (torch.empty_like(dy) if out is None else out)
 
 
 @launcher(uses_atomics=False, kernels=(_l2norm_bwd_kernel,))
@@ -106,17 +183,41 @@ def l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor,
     Raises:
         ValueError: ``out`` of another shape, or not contiguous.
     """
-    y, dy, rstd = y.contiguous(), dy.contiguous(), rstd.contiguous()
-    D = y.shape[-1]
-    if out is not None and (out.shape != dy.shape or not out.is_contiguous()):
-        raise ValueError(f"out must be a contiguous {tuple(dy.shape)} tensor, got "
-                         f"{tuple(out.shape)} (contiguous={out.is_contiguous()})")
-    dx = torch.empty_like(dy) if out is None else out
-    R = rstd.numel()
+    y, rstd, dy, dx = _bwd_args(y, rstd, dy, out)
+    R, D = rstd.numel(), y.shape[-1]
     if R == 0 or D == 0:
         return dx
     BR, BD = _rows(D)
-    _L2NORM_BWD_KERNEL[(triton.cdiv(R, BR),)](
-        y, rstd, dy, dx, R, D, BR=BR, BD=BD, num_warps=4, num_stages=1
+    # pinned: 4 warps, one stage (a row-local reduction; the bits depend on the layout)
+    _L2NORM_BWD_KERNEL[(triton.cdiv(R, BR), 1)](
+        y, rstd, dy, dx, y, rstd, dy, dx, R, D, BR=BR, BD=BD, num_warps=4, num_stages=1
     )
     return dx
+
+
+@launcher(uses_atomics=False, kernels=(_l2norm_bwd_kernel,))
+def l2norm_bwd_pair(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`l2norm_bwd` of ``a = (y, rstd, dy, out)`` and of ``b`` (q and k) in one
+    launch, each row's bits those of :func:`l2norm_bwd`; tensors of two shapes or
+    devices take two launches.
+
+    Returns:
+        ``(dx_a, dx_b)``.
+
+    Raises:
+        ValueError: an ``out`` of another shape, or not contiguous.
+    """
+    if a[0].shape != b[0].shape or a[0].device != b[0].device:
+        return l2norm_bwd(*a), l2norm_bwd(*b)
+    ya, ra, dya, dxa = _bwd_args(*a)
+    yb, rb, dyb, dxb = _bwd_args(*b)
+    R, D = ra.numel(), ya.shape[-1]
+    if R == 0 or D == 0:
+        return dxa, dxb
+    BR, BD = _rows(D)
+    # pinned as l2norm_bwd's (the same programs); grid axis 1 picks the tensor
+    _L2NORM_BWD_KERNEL[(triton.cdiv(R, BR), 2)](
+        ya, ra, dya, dxa, yb, rb, dyb, dxb, R, D, BR=BR, BD=BD, num_warps=4, num_stages=1
+    )
+    return dxa, dxb
