@@ -12,9 +12,12 @@
 #       compiles its TileLang kernels for each shape first, 6 processes at once
 #       (--warm-compile-jobs: session 14's serial compiles ran past one call's limit);
 #       then det with GDN_CORE_GLUON=none at the same shapes (the A/B of the default)
-#   call 4 (~200 s):  bash tools/h200_s15_validate.sh 4
-#       KCP simulated worlds 2/4/8 (issue 19 target 4) under the new default; the kernel
-#       profile at B1 T32768 8 documents; host time at T1024
+#   call 4 (~300 s, carry [".old"] after `git worktree add .old b9506db`):
+#       bash tools/h200_s15_validate.sh 4
+#       KCP simulated worlds 2/4/8 (issue 19 target 4) under the new default; the det
+#       calls' CUDA bits of main against b9506db (before the fewer-launches merge: the
+#       paired L2 norm and the fold changes must keep the bits); the kernel profile at B1
+#       T32768 8 documents; host time at T1024
 #   call 6 (~120 s), on branch fwdinline (git checkout fwdinline first; back to main after):
 #       bash tools/h200_s15_validate.sh 6
 #       the forward without W/U (GDN_CORE_FWD_INLINE=1): its GPU tests and its probe
@@ -69,7 +72,7 @@ step3() {
 }
 
 step4() {
-  OUT=$LOG STAGES=kcp KCP_WORLDS="2 4 8" KCP_TIMEOUT=75 bash tools/h200_validate.sh
+  OUT=$LOG STAGES="kcp bits" KCP_WORLDS="2 4 8" KCP_TIMEOUT=75 bash tools/h200_validate.sh
   (cd benchmarks && timeout 60 python3 profile_gdn.py --shapes 1x32768x16x8 \
     > "$LOG/profile_T32768_D8.txt" 2>&1); echo "profile exit $?"
   tail -25 "$LOG/profile_T32768_D8.txt" | cut -c1-160
