@@ -487,13 +487,6 @@ def _fwd_rows_covered(L: SegmentLayout, ch: Chains, h0: bool, seeded: bool) -> b
     return got
 
 
-def _contiguous_rows(rows: tuple[int, ...]) -> slice | None:
-    """``rows`` as a slice when they are consecutive (a view instead of a gather)."""
-    if rows and all(b == a + 1 for a, b in zip(rows[:-1], rows[1:])):
-        return slice(rows[0], rows[-1] + 1)
-    return None
-
-
 # ----------------------------------------------------------------- forward --
 
 
@@ -939,12 +932,10 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
         dv = dv.reshape(B, T, s.HV, s.V)
         dg, dbeta = dg.reshape(B, T, s.HV), dbeta.reshape(B, T, s.HV)
     if want_h0:
-        if L is not None:  # every row a document's first (no segments): dh0 itself
-            rows = _contiguous_rows(L.first_rows)
-            whole = rows is not None and rows == slice(0, dh0.shape[0])
-            # else a gather: a view of a few rows would keep the whole buffer alive in
-            # h0.grad
-            dh0 = dh0 if whole else dh0[L.tables(dh0.device).first_rows]
+        # every row a document's first (no document in segments): dh0 itself; else a
+        # gather (a view of a few rows would keep the whole buffer alive in h0.grad)
+        if L is not None and L.first_rows != tuple(range(dh0.shape[0])):
+            dh0 = dh0[L.tables(dh0.device).first_rows]
     else:
         dh0 = None
     return GDNGrads(dq, dk, dv, dg, dbeta, dh0)

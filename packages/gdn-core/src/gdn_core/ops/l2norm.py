@@ -109,18 +109,7 @@ def l2norm_fwd(x: torch.Tensor, eps: float = L2NORM_EPS) -> tuple[torch.Tensor, 
         ``(y, rstd)``: ``y`` of ``x``'s shape and dtype, contiguous; ``rstd:
         x.shape[:-1]`` fp32.
     """
-    y, rstd = _fwd_outputs(x)
-    R, D = rstd.numel(), x.shape[-1]
-    if R == 0 or D == 0:
-        return y, rstd
-    rows = _fwd_rows_view(x)
-    BR, BD = _rows(D)
-    # pinned: 4 warps, one stage (a row-local reduction; the bits depend on the layout)
-    _L2NORM_FWD_KERNEL[(triton.cdiv(R, BR), 1)](
-        rows, y, rstd, rows, y, rstd, R, rows.shape[1], rows.stride(0), rows.stride(1),
-        rows.stride(0), rows.stride(1), D, eps, BR=BR, BD=BD, num_warps=4, num_stages=1
-    )
-    return y, rstd
+    return _fwd_launch(x, eps=eps)[0]
 
 
 @launcher(uses_atomics=False, kernels=(_l2norm_fwd_kernel,))
@@ -138,21 +127,27 @@ def l2norm_fwd_pair(a: torch.Tensor, b: torch.Tensor, eps: float = L2NORM_EPS
     """
     if a.shape != b.shape or a.device != b.device:
         return l2norm_fwd(a, eps), l2norm_fwd(b, eps)
-    ya, ra = _fwd_outputs(a)
-    yb, rb = _fwd_outputs(b)
-    R, D = ra.numel(), a.shape[-1]
+    return _fwd_launch(a, b, eps=eps)
+
+
+def _fwd_launch(*xs: torch.Tensor, eps: float) -> tuple[_Normed, ...]:
+    """One launch normalising one tensor or two of one shape (grid axis 1 picks the
+    tensor; a second one whose rows are laid out otherwise takes its own launch)."""
+    outs = [_fwd_outputs(x) for x in xs]
+    R, D = outs[0][1].numel(), xs[0].shape[-1]
     if R == 0 or D == 0:
-        return (ya, ra), (yb, rb)
-    xa, xb = _fwd_rows_view(a), _fwd_rows_view(b)
-    if xa.shape != xb.shape:  # one read in place, the other copied: two launches
-        return l2norm_fwd(a, eps), l2norm_fwd(b, eps)
+        return tuple(outs)
+    rows = [_fwd_rows_view(x) for x in xs]
+    if rows[-1].shape != rows[0].shape:  # one read in place, the other copied
+        return l2norm_fwd(xs[0], eps), l2norm_fwd(xs[1], eps)
+    (xa, (ya, ra)), (xb, (yb, rb)) = (rows[0], outs[0]), (rows[-1], outs[-1])
     BR, BD = _rows(D)
-    # pinned as l2norm_fwd's (the same programs); grid axis 1 picks the tensor
-    _L2NORM_FWD_KERNEL[(triton.cdiv(R, BR), 2)](
+    # pinned: 4 warps, one stage (a row-local reduction; the bits depend on the layout)
+    _L2NORM_FWD_KERNEL[(triton.cdiv(R, BR), len(xs))](
         xa, ya, ra, xb, yb, rb, R, xa.shape[1], xa.stride(0), xa.stride(1), xb.stride(0),
         xb.stride(1), D, eps, BR=BR, BD=BD, num_warps=4, num_stages=1
     )
-    return (ya, ra), (yb, rb)
+    return tuple(outs)
 
 
 def _bwd_args(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor,
@@ -183,16 +178,7 @@ def l2norm_bwd(y: torch.Tensor, rstd: torch.Tensor, dy: torch.Tensor,
     Raises:
         ValueError: ``out`` of another shape, or not contiguous.
     """
-    y, rstd, dy, dx = _bwd_args(y, rstd, dy, out)
-    R, D = rstd.numel(), y.shape[-1]
-    if R == 0 or D == 0:
-        return dx
-    BR, BD = _rows(D)
-    # pinned: 4 warps, one stage (a row-local reduction; the bits depend on the layout)
-    _L2NORM_BWD_KERNEL[(triton.cdiv(R, BR), 1)](
-        y, rstd, dy, dx, y, rstd, dy, dx, R, D, BR=BR, BD=BD, num_warps=4, num_stages=1
-    )
-    return dx
+    return _bwd_launch((y, rstd, dy, out))[0]
 
 
 @launcher(uses_atomics=False, kernels=(_l2norm_bwd_kernel,))
@@ -210,14 +196,19 @@ def l2norm_bwd_pair(a: tuple[torch.Tensor, ...], b: tuple[torch.Tensor, ...]
     """
     if a[0].shape != b[0].shape or a[0].device != b[0].device:
         return l2norm_bwd(*a), l2norm_bwd(*b)
-    ya, ra, dya, dxa = _bwd_args(*a)
-    yb, rb, dyb, dxb = _bwd_args(*b)
+    return _bwd_launch(a, b)
+
+
+def _bwd_launch(*cases: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+    """One launch of the backward of one ``(y, rstd, dy, out)`` or two of one shape
+    (grid axis 1 picks which)."""
+    args = [_bwd_args(*c) for c in cases]
+    (ya, ra, dya, dxa), (yb, rb, dyb, dxb) = args[0], args[-1]
     R, D = ra.numel(), ya.shape[-1]
-    if R == 0 or D == 0:
-        return dxa, dxb
-    BR, BD = _rows(D)
-    # pinned as l2norm_bwd's (the same programs); grid axis 1 picks the tensor
-    _L2NORM_BWD_KERNEL[(triton.cdiv(R, BR), 2)](
-        ya, ra, dya, dxa, yb, rb, dyb, dxb, R, D, BR=BR, BD=BD, num_warps=4, num_stages=1
-    )
-    return dxa, dxb
+    if R and D:
+        BR, BD = _rows(D)
+        # pinned: 4 warps, one stage (a row-local reduction; the bits depend on the layout)
+        _L2NORM_BWD_KERNEL[(triton.cdiv(R, BR), len(cases))](
+            ya, ra, dya, dxa, yb, rb, dyb, dxb, R, D, BR=BR, BD=BD, num_warps=4, num_stages=1
+        )
+    return tuple(a[3] for a in args)
