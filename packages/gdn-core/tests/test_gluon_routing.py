@@ -159,7 +159,8 @@ def test_the_default_runs_the_gluon_chunk_gradients(monkeypatch):
         else:
             monkeypatch.setenv(gluon.GLUON_ENV, value)
         leaves = [x.clone().requires_grad_(True) for x in base]
-        with record_launches() as launches:
+        # record_launches sees this thread only: keep autograd's CUDA backward on it
+        with record_launches() as launches, torch.autograd.set_multithreading_enabled(False):
             o, _ = chunk_gdn_autograd(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
                                       deterministic=True)
             o.backward(do)

@@ -201,3 +201,49 @@ def test_repeated_call_reuses_tables_same_bits(monkeypatch, S):
     assert calls == []
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+def test_tensor_values_reads_a_tensor_object_once(monkeypatch):
+    """``tensor_values`` reads a tensor's values (``tolist``: a sync on CUDA) once per
+    tensor object; another object with the same values is read again."""
+    from gdn_core.hostcache import tensor_values
+
+    reads = []
+    real = torch.Tensor.tolist
+
+    def counting(self):
+        reads.append(1)
+        return real(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    cu = torch.tensor([0, 100, 300], dtype=torch.int32)
+    assert tensor_values(cu) == (0, 100, 300)
+    assert tensor_values(cu) == (0, 100, 300)
+    assert len(reads) == 1
+    assert tensor_values(cu.clone()) == (0, 100, 300)
+    assert len(reads) == 2
+
+
+def test_an_in_place_write_to_cu_seqlens_makes_a_new_plan():
+    """Writing into a ``cu_seqlens`` tensor between calls (its version counter moves)
+    makes the next call read it again: its plan has the new documents, never the
+    remembered ones."""
+    from gdn_core.plan import make_plan
+
+    T, H, K = 300, 1, 16
+    q, k, v = (torch.randn(1, T, H, K) for _ in range(3))
+    g, beta = -torch.rand(1, T, H), torch.rand(1, T, H)
+    cu = torch.tensor([0, 100, T], dtype=torch.int64)
+
+    def docs():
+        plan = make_plan(q, k, v, g, beta, deterministic=True, cu_seqlens=cu,
+                         backend="reference")
+        return plan.segments.doc_offsets
+
+    first = docs()
+    assert tuple(first) == (0, 100, T)
+    assert docs() == first
+    cu[1] = 200
+    assert tuple(docs()) == (0, 200, T)
+    cu.copy_(torch.tensor([0, 50, T]))
+    assert tuple(docs()) == (0, 50, T)

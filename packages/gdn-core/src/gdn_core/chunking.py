@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables
+from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables, tensor_values
 
 CHUNK_SIZE = 64
 
@@ -68,12 +68,12 @@ def host_offsets(cu_seqlens: torch.Tensor | list[int] | None, B: int, T: int) ->
 
     ``cu_seqlens`` given (``B == 1``, validated by the caller) → its values;
     otherwise ``[0, T, 2T, ..., B*T]``. A CUDA ``cu_seqlens`` costs one host
-    synchronisation; callers on a hot path pass a CPU tensor or a list.
+    synchronisation per tensor object (:func:`gdn_core.hostcache.tensor_values`).
     """
     if cu_seqlens is None:
         return [b * T for b in range(B + 1)]
     if isinstance(cu_seqlens, torch.Tensor):
-        return [int(x) for x in cu_seqlens.tolist()]
+        return list(tensor_values(cu_seqlens))
     return [int(x) for x in cu_seqlens]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import array
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any, TypeVar
@@ -35,6 +36,7 @@ __all__ = [
     "device_int_tables",
     "device_key",
     "pack_tables",
+    "tensor_values",
 ]
 
 DEFAULT_CACHE_SIZE = 64
@@ -107,6 +109,61 @@ class LRUCache:
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._data
+
+
+class _ValuesEntry:
+    """What :func:`tensor_values` read from one tensor object, and when."""
+
+    __slots__ = ("ref", "version", "data_ptr", "values")
+
+    def __init__(self, ref, version: int, data_ptr: int, values: tuple) -> None:
+        self.ref, self.version, self.data_ptr, self.values = ref, version, data_ptr, values
+
+
+_VALUES: dict[int, _ValuesEntry] = {}
+_VALUES_LOCK = threading.Lock()
+_VALUES_MAX = 32  # tensor objects remembered at once (a training step passes one or two)
+
+
+def _forget(key: int, ref) -> None:
+    with _VALUES_LOCK:
+        entry = _VALUES.get(key)
+        if entry is not None and entry.ref is ref:
+            del _VALUES[key]
+
+
+def tensor_values(t: torch.Tensor) -> tuple:
+    """``tuple(t.tolist())`` of a 1-D tensor ``t`` (Python ints for an integer tensor),
+    read once per tensor object while it is unchanged.
+
+    Reading a CUDA tensor on the host waits for the stream (``tolist`` synchronises),
+    and a synchronisation inside a call leaves the GPU idle while the host enqueues the
+    rest of it. A model passes the same ``cu_seqlens`` tensor to every layer, forward
+    and backward, so the values are remembered per tensor *object* (a weak reference:
+    nothing is kept alive) together with its version counter and address; an in-place
+    write (``t[1] = 5``, ``t.copy_(…)``) bumps the version, so the next call reads the
+    tensor again. Writes that bypass autograd's version counter (through ``t.data`` or a
+    raw pointer in a kernel) are not seen: don't modify a ``cu_seqlens`` tensor in place
+    behind torch's back while calls use it. Inference-mode tensors (no version counter)
+    are read on every call.
+    """
+    try:
+        version = t._version
+    except RuntimeError:  # an inference tensor tracks no version: read it every time
+        return tuple(t.tolist())
+    key, ptr = id(t), t.data_ptr()
+    with _VALUES_LOCK:
+        entry = _VALUES.get(key)
+        if (entry is not None and entry.ref() is t and entry.version == version
+                and entry.data_ptr == ptr):
+            return entry.values
+    values = tuple(t.tolist())
+    ref = weakref.ref(t, lambda r, k=key: _forget(k, r))
+    with _VALUES_LOCK:
+        _VALUES[key] = _ValuesEntry(ref, version, ptr, values)
+        while len(_VALUES) > _VALUES_MAX:
+            del _VALUES[next(iter(_VALUES))]
+    return values
 
 
 def device_key(device: torch.device | str) -> torch.device:

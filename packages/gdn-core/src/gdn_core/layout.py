@@ -41,6 +41,7 @@ import torch
 from gdn_core.chunking import CHUNK_SIZE, ChunkIndex
 from gdn_core.custom_ops import register_handle
 from gdn_core.devices import require_device
+from gdn_core.hostcache import tensor_values
 
 __all__ = ["PaddedChunkIndex", "VarlenLayout", "layout_tables"]
 
@@ -70,7 +71,7 @@ def _host_offsets(cu_seqlens) -> tuple[int, ...]:
             raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 or int64")
         if cu_seqlens.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
-        return tuple(int(x) for x in cu_seqlens.tolist())  # a CUDA tensor costs one sync
+        return tensor_values(cu_seqlens)  # a CUDA tensor: one sync per tensor object
     if isinstance(cu_seqlens, (list, tuple)):
         out = []
         for x in cu_seqlens:

@@ -31,7 +31,7 @@ import torch
 
 from gdn_core.chunking import ChunkIndex, chunk_index
 from gdn_core.gate import validate_gate_params
-from gdn_core.hostcache import capturing
+from gdn_core.hostcache import capturing, tensor_values
 from gdn_core.segment import SegmentLayout, choose_segment_size, resolve_segment_size
 from gdn_core.validation import GDNShapes, validate_gdn_inputs
 
@@ -163,7 +163,7 @@ def make_plan(
     try:
         if isinstance(cu_seqlens, torch.Tensor):  # the dtype, rank and device count too
             offsets = (cu_seqlens.dtype in _INT_DTYPES, cu_seqlens.dim(), cu_seqlens.device,
-                       tuple(cu_seqlens.tolist()))
+                       tensor_values(cu_seqlens))
         elif cu_seqlens is not None:  # the entries' types too: [0, 3.0, 8] is not [0, 3, 8]
             offsets = (True, 1, tuple(cu_seqlens), tuple(map(type, cu_seqlens)))
         key = (

@@ -44,6 +44,7 @@ from fractions import Fraction
 import torch
 
 from gdn_core.chunking import CHUNK_SIZE, DEFAULT_SEGMENT_SIZE
+from gdn_core.hostcache import tensor_values
 from gdn_core.typed import ModeTyped
 
 __all__ = [
@@ -66,15 +67,15 @@ def normalize_offsets(cu_seqlens: torch.Tensor | list[int] | tuple[int, ...]) ->
     """Check ``cu_seqlens`` (list, tuple or 1-D int tensor) and return host ints.
 
     Raises ``TypeError``/``ValueError`` naming ``cu_seqlens``. A CUDA tensor
-    costs one host synchronisation (plans are built on the host, once per
-    layout).
+    costs one host synchronisation per tensor object
+    (:func:`gdn_core.hostcache.tensor_values`).
     """
     if isinstance(cu_seqlens, torch.Tensor):
         if cu_seqlens.dtype not in (torch.int32, torch.int64):
             raise TypeError(f"cu_seqlens has dtype {cu_seqlens.dtype}; expected int32 or int64")
         if cu_seqlens.dim() != 1:
             raise ValueError(f"cu_seqlens must be 1-D [N+1], got shape {tuple(cu_seqlens.shape)}")
-        offs = [int(x) for x in cu_seqlens.tolist()]
+        offs = list(tensor_values(cu_seqlens))
     elif isinstance(cu_seqlens, (list, tuple)):
         offs = []
         for x in cu_seqlens:
