@@ -18,10 +18,12 @@
 #       calls' CUDA bits of main against b9506db (before the fewer-launches merge: the
 #       paired L2 norm and the fold changes must keep the bits); the kernel profile at B1
 #       T32768 8 documents; host time at T1024
-#   call 6 (~120 s), on branch fwdinline (git checkout fwdinline first; back to main after):
-#       bash tools/h200_s15_validate.sh 6
-#       the forward without W/U (GDN_CORE_FWD_INLINE=1): its GPU tests and its probe
-#       (wy_fwd + fused vs wy_inverse_fwd + inline; merge only if faster)
+#   call 6 (~230 s, carry [".old"] after `git -C .old checkout --detach 9eb52c5`), on branch
+#       s15-final (main + wyfast): bash tools/h200_s15_validate.sh 6
+#       the fixed Gluon routing test; det at the packed-document shapes with this tree and
+#       with .old (before cu_seqlens was read once per tensor object); the WY register
+#       inverse's probe and GPU test (GDN_CORE_WY_INV=reg). Logs go straight to $OUT.
+#       (Session 14's branch fwdinline, planned here, did not survive into this checkout.)
 #   call 5 (~300 s, carry [".whl-fla"]):  bash tools/h200_s15_validate.sh 5
 #       the layer against fla's (issue 21 target 3; session 13: det / fla 0.85-1.05), the
 #       packed-document shape twice (fla's layer autotunes at its first shape)
@@ -86,14 +88,19 @@ step5() {
 }
 
 step6() {
-  [[ -f benchmarks/fwd_inline_probe.py ]] || { echo "not on branch fwdinline"; return 1; }
-  timeout 200 python3 -m pytest -v -p no:cacheprovider -m gpu \
-    packages/gdn-core/tests/test_chunk_fwd_inline_gpu.py > "$LOG/inline_tests.log" 2>&1
-  echo "inline tests exit $?"; tail -3 "$LOG/inline_tests.log"
-  timeout 150 python3 benchmarks/fwd_inline_probe.py > "$LOG/fwd_inline_probe.txt" 2>&1
-  echo "probe exit $?"; cut -c1-220 "$LOG/fwd_inline_probe.txt" | tail -20
-  local s2="B1,T32768,H16;B1,T32768,H16,D8"
-  GDN_CORE_FWD_INLINE=1 e2e inline1 "$s2"; e2e inline0 "$s2"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
+    packages/gdn-core/tests/test_gluon_routing.py > "$LOG/routing_tests.log" 2>&1
+  echo "routing tests exit $?"; tail -2 "$LOG/routing_tests.log"
+  local packed="B1,T32768,H16,D8;B1,T65536,H16,D16;B1,T32768,H16,HV32,D8"
+  e2e new "$packed"
+  local old; old=$(ls -d "$PWD"/.old/packages/*/src 2>/dev/null | tr '\n' ':')
+  if [[ -n $old ]]; then PYTHONPATH="${old%:}" e2e old "$packed"; else echo "no .old carried"; fi
+  [[ -f benchmarks/wy_inverse_probe.py ]] || { echo "not on a tree with wyfast"; return 1; }
+  timeout 90 python3 benchmarks/wy_inverse_probe.py > "$LOG/wy_inverse_probe.txt" 2>&1
+  echo "wy probe exit $?"; cut -c1-200 "$LOG/wy_inverse_probe.txt" | tail -24
+  timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
+    packages/gdn-core/tests/test_wy_inverse_gpu.py > "$LOG/wy_inverse_gpu.log" 2>&1
+  echo "wy gpu tests exit $?"; tail -3 "$LOG/wy_inverse_gpu.log"
 }
 
 case "${1:-}" in
