@@ -29,6 +29,18 @@ resident), separated by CTA barriers:
    16-bit dot (``W``/``U`` are stored in that type anyway); fp32 inputs take
    IEEE fp32 dots.
 
+``GDN_CORE_WY_INV=reg`` (:func:`wy_inverse_choice`; unset or ``subst``: the kernel
+above, whose bits the snapshot holds) runs another inverse with the same contract and
+other bits (:func:`_wy_reg_body`): ``A`` from one whole-``K`` dot stays in registers, is
+cut into its 32- and 16-blocks by reshapes, splits and joins, the four diagonal 16-blocks
+are inverted together as a ``[4, 16, 16]`` batch by masked merges from 2×2 blocks up
+(six batched IEEE dots instead of 15 substitution steps), then the same two merges as
+above on their own tiles; the inverse is stored once (the fp32 one only where it is
+returned) and phase 3 is :func:`_dot_rows` on it, so ``wy_apply`` on its ``A_inv``
+gives its ``W``, ``U``. ``v`` is prefetched into L2 at the start (inline PTX, compiled
+launches only); capped at 128 registers (120 used, no spills, 32 KiB shared on sm_90 with
+Triton 3.6, against 123 and 16 KiB for the substitution kernel).
+
 The pinned configuration (``num_warps=8``, 100 registers, no spills on sm_90)
 was picked on the H200 among 4/8 warps × 16-bit/TF32 W/U dots × 1/2 stages:
 0.47 ms against 0.93 ms for the previous kernel at T=32768, H=16, K=V=128
