@@ -38,8 +38,8 @@ are inverted together as a ``[4, 16, 16]`` batch by masked merges from 2×2 bloc
 above on their own tiles; the inverse is stored once (the fp32 one only where it is
 returned) and phase 3 is :func:`_dot_rows` on it, so ``wy_apply`` on its ``A_inv``
 gives its ``W``, ``U``. ``v`` is prefetched into L2 at the start (inline PTX, compiled
-launches only); capped at 128 registers (120 used, no spills, 32 KiB shared on sm_90 with
-Triton 3.6, against 123 and 16 KiB for the substitution kernel).
+launches only); capped at 128 registers (124 used, no spills, 32 KiB shared on sm_90 with
+Triton 3.6 at K = V = 128 bf16, against 123 and 16 KiB for the substitution kernel).
 
 The pinned configuration (``num_warps=8``, 100 registers, no spills on sm_90)
 was picked on the H200 among 4/8 warps × 16-bit/TF32 W/U dots × 1/2 stages:
@@ -338,13 +338,6 @@ def _wy_reg_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, 
     RS = HV * 64  # token stride of A_inv
     p_k = k + bos * KS + i_h * K
     p_v = v + bos * VT + i_hv * VH
-    ck = tl.arange(0, KP)
-    mk = ck < K
-    g = tl.load(G + bos * HV + i_hv + t * HV, mask=mt, other=0.0)
-    b = tl.load(beta + bos * HV + i_hv + t * HV, mask=mt, other=0.0).to(tl.float32)
-    # A = strict-lower( β_i exp(G_i − G_j) k_i·k_j ): one dot, gated in registers
-    kk = tl.dot(_ld(p_k, t, mt, ck, mk, KS), _ld_t(p_k, t, mt, ck, mk, KS),
-                input_precision=PREC)
     if PREFETCH:
         LINE: tl.constexpr = 128 // v.dtype.element_ty.primitive_bitwidth * 8  # elements a line
         NL: tl.constexpr = (V + LINE - 1) // LINE
@@ -353,6 +346,13 @@ def _wy_reg_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, 
         else:
             cl = tl.arange(0, NL) * LINE
             _prefetch_l2(p_v + tl.minimum(t, n - 1)[:, None] * VT + cl[None, :])
+    ck = tl.arange(0, KP)
+    mk = ck < K
+    g = tl.load(G + bos * HV + i_hv + t * HV, mask=mt, other=0.0)
+    b = tl.load(beta + bos * HV + i_hv + t * HV, mask=mt, other=0.0).to(tl.float32)
+    # A = strict-lower( β_i exp(G_i − G_j) k_i·k_j ): one dot, gated in registers
+    kk = tl.dot(_ld(p_k, t, mt, ck, mk, KS), _ld_t(p_k, t, mt, ck, mk, KS),
+                input_precision=PREC)
     m = (t[:, None] > t[None, :]) & mt[:, None]
     e = tl.exp(tl.where(m, g[:, None] - g[None, :], 0.0))
     a = _inv_reg(tl.where(m, kk * e * b[:, None], 0.0))
@@ -442,8 +442,11 @@ def _wy_subst_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT
 _WY_KERNEL = cached_launch(_wy_kernel)
 
 
-#: register cap of the register-inverse launch (``GDN_CORE_WY_INV=reg``): two CTAs of 8
-#: warps an SM
+#: register cap of the register-inverse launch (``GDN_CORE_WY_INV=reg``) with 16-bit W/U
+#: dots: two CTAs of 8 warps an SM. Uncapped, ptxas takes 151 registers at K = V = 128
+#: bf16 (one CTA an SM); capped, 124 and no spills (``tools/sm90_report.py wy_inv``). At
+#: K ≤ 64 the cap costs ~160 bytes of spills (uncapped: 195-211 registers). fp32 inputs
+#: (IEEE W/U dots) are not capped: they spill either way.
 WY_REG_MAXNREG = 128
 
 
@@ -596,11 +599,10 @@ def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert:
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if reg and invert:
-        # maxnreg: ptxas would take 128-139 registers at 8 warps without it (one CTA an
-        # SM); capped, 120-123 and no spills (tools/sm90_report.py wy_inv)
         constexprs.update(INV_REG=True, STORE_A32=A_inv is not None,
-                          KP=triton.next_power_of_2(K), PREFETCH=_compiled(k),
-                          maxnreg=WY_REG_MAXNREG)
+                          KP=triton.next_power_of_2(K), PREFETCH=_compiled(k))
+        if constexprs["DOT16"]:
+            constexprs["maxnreg"] = WY_REG_MAXNREG
     return W, U, (index.num_chunks, HV), args, constexprs
 
 
