@@ -407,7 +407,7 @@ def _wy_triton_report(invert_modes=(True, False), a_type: str = "*fp32",
 
 
 #: the substitution path's values of the register inverse's constexprs (their defaults)
-_WY_SUBST = {"INV_REG": False, "STORE_A32": True, "KP": 16, "PREFETCH": False}
+_WY_SUBST = {"INV_REG": False, "STORE_A32": True, "KP": 16, "VP": 16, "PREFETCH": False}
 
 
 def wy_inv_reports() -> None:
@@ -427,7 +427,7 @@ def wy_inv_reports() -> None:
     opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
     print("subst (A_inv fp32 + 16-bit copy)")
     report(_wy_kernel, types, {**base, **_WY_SUBST}, **opts)
-    reg = {**base, "INV_REG": True, "KP": 128, "PREFETCH": True}
+    reg = {**base, "INV_REG": True, "KP": 128, "VP": 128, "PREFETCH": True}
     for a32, cap, pf in ((False, True, True), (True, True, True), (False, False, True),
                          (False, True, False)):
         print(f"reg STORE_A32={a32} maxnreg={WY_REG_MAXNREG if cap else None} PREFETCH={pf}")

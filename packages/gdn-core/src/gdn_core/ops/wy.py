@@ -289,6 +289,7 @@ def _wy_kernel(
     INV_REG: tl.constexpr = False,
     STORE_A32: tl.constexpr = True,
     KP: tl.constexpr = 16,
+    VP: tl.constexpr = 16,
     PREFETCH: tl.constexpr = False,
 ):
     """One chunk × value head. ``INVERT``: phases 1–2 build ``A_inv`` in place
@@ -297,9 +298,10 @@ def _wy_kernel(
     in place). ``STORE_A16``: phase 3 also writes the inverse rounded to the 16-bit
     input type into ``A16`` (the backward's copy); ``A16`` is unused (``None``) otherwise.
     ``INV_REG`` (with ``INVERT``): the register variant (:func:`_wy_reg_body`); it writes
-    the fp32 ``A_inv`` only with ``STORE_A32`` (``A_inv`` is ``None`` otherwise); ``KP``:
-    ``K`` rounded up to a power of two (its whole-``K`` dot); ``PREFETCH``: it prefetches
-    ``v`` into L2 (compiled launches only: inline PTX)."""
+    the fp32 ``A_inv`` only with ``STORE_A32`` (``A_inv`` is ``None`` otherwise); ``KP``,
+    ``VP``: ``K``, ``V`` rounded up to powers of two (its whole-``K`` dot, the prefetch's
+    lines); ``PREFETCH``: it prefetches ``v`` into L2 (compiled launches only: inline
+    PTX)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
@@ -307,7 +309,7 @@ def _wy_kernel(
     n = tl.load(chunk_len + i_c)
     if INVERT and INV_REG:
         _wy_reg_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, VH,
-                     K, V, BK, BV, KP, PREC, DOT16, STORE_A16, STORE_A32, PREFETCH)
+                     K, V, BK, BV, KP, VP, PREC, DOT16, STORE_A16, STORE_A32, PREFETCH)
     else:
         _wy_subst_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, VH,
                        K, V, BK, BV, PREC, DOT16, INVERT, STORE_A16)
@@ -324,7 +326,7 @@ def _prefetch_l2(p):
 @triton.jit
 def _wy_reg_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, VH,
                  K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                 KP: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr,
+                 KP: tl.constexpr, VP: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr,
                  STORE_A16: tl.constexpr, STORE_A32: tl.constexpr, PREFETCH: tl.constexpr):
     """:func:`_wy_kernel` with ``GDN_CORE_WY_INV=reg``: ``A`` is one whole-``K`` dot kept in
     registers, inverted there (:func:`_inv_reg`) and stored once (fp32 only with
@@ -338,13 +340,12 @@ def _wy_reg_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, 
     RS = HV * 64  # token stride of A_inv
     p_k = k + bos * KS + i_h * K
     p_v = v + bos * VT + i_hv * VH
-    if PREFETCH:
+    if PREFETCH:  # one address in each 128-byte line of the chunk's rows (clamped to them)
         LINE: tl.constexpr = 128 // v.dtype.element_ty.primitive_bitwidth * 8  # elements a line
-        NL: tl.constexpr = (V + LINE - 1) // LINE
-        if NL == 1:
+        if VP <= LINE:
             _prefetch_l2(p_v + tl.minimum(t, n - 1) * VT)
         else:
-            cl = tl.arange(0, NL) * LINE
+            cl = tl.minimum(tl.arange(0, VP // LINE) * LINE, V - 1)
             _prefetch_l2(p_v + tl.minimum(t, n - 1)[:, None] * VT + cl[None, :])
     ck = tl.arange(0, KP)
     mk = ck < K
@@ -600,7 +601,8 @@ def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert:
     )
     if reg and invert:
         constexprs.update(INV_REG=True, STORE_A32=A_inv is not None,
-                          KP=triton.next_power_of_2(K), PREFETCH=_compiled(k))
+                          KP=triton.next_power_of_2(K), VP=triton.next_power_of_2(V),
+                          PREFETCH=_compiled(k))
         if constexprs["DOT16"]:
             constexprs["maxnreg"] = WY_REG_MAXNREG
     return W, U, (index.num_chunks, HV), args, constexprs
