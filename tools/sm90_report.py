@@ -402,8 +402,37 @@ def _wy_triton_report(invert_modes=(True, False), a_type: str = "*fp32",
         report(_wy_kernel, types, {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"],
                                    "BV": cfg["BV"], "PREC": "tf32",
                                    "DOT16": bool(cfg["dot16"]), "INVERT": invert,
-                                   "STORE_A16": a16},
+                                   "STORE_A16": a16, **_WY_SUBST},
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+#: the substitution path's values of the register inverse's constexprs (their defaults)
+_WY_SUBST = {"INV_REG": False, "STORE_A32": True, "KP": 16, "VP": 16, "PREFETCH": False}
+
+
+def wy_inv_reports() -> None:
+    """The WY forward's two inverses (``GDN_CORE_WY_INV``), bf16, K = V = 128, group 1, as
+    :func:`gdn_core.ops.wy.wy_fwd` launches them: ``subst`` (the default; fp32 ``A_inv``
+    always written, the 16-bit copy too as the forward asks), then ``reg`` as the forward
+    launches it (``A_inv_for_backward``: the 16-bit copy only), with the fp32 inverse too
+    (``wy_fwd``'s default return), and both without the register cap / the L2 prefetch of
+    ``v`` (not launched)."""
+    from gdn_core.ops.wy import WY_REG_MAXNREG, _wy_kernel, wy_config
+
+    cfg = wy_config(128, 128)
+    types = ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16", "*bf16", "*i32", "*i32",
+             "i32:16", "i32:16", "i32:16", "i32:16", "*bf16"]
+    base = {"GROUP": 1, "K": 128, "V": 128, "BK": cfg["BK"], "BV": cfg["BV"], "PREC": "tf32",
+            "DOT16": bool(cfg["dot16"]), "INVERT": True, "STORE_A16": True}
+    opts = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    print("subst (A_inv fp32 + 16-bit copy)")
+    report(_wy_kernel, types, {**base, **_WY_SUBST}, **opts)
+    reg = {**base, "INV_REG": True, "KP": 128, "VP": 128, "PREFETCH": True}
+    for a32, cap, pf in ((False, True, True), (True, True, True), (False, False, True),
+                         (False, True, False)):
+        print(f"reg STORE_A32={a32} maxnreg={WY_REG_MAXNREG if cap else None} PREFETCH={pf}")
+        report(_wy_kernel, types, {**reg, "STORE_A32": a32, "PREFETCH": pf}, **opts,
+               **({"maxnreg": WY_REG_MAXNREG} if cap else {}))
 
 
 def fused_fwd_reports() -> None:
@@ -526,7 +555,8 @@ if __name__ == "__main__":
              "gluon_state_bwd": gluon_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
-             "fused_fwd": fused_fwd_reports, "l2norm": l2norm_reports}
+             "fused_fwd": fused_fwd_reports, "l2norm": l2norm_reports,
+             "wy_inv": wy_inv_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()
         sys.exit(0)

@@ -1,19 +1,27 @@
 """On/off environment switches of the kernel pipeline (read at each call).
 
-Each switch selects between two kernel paths that keep the determinism contract; the
-variable holds ``1`` (on), ``0`` (off) or nothing (the switch's default). Any other value
-raises, so that a typo never silently leaves the other path in place.
+Each switch selects between kernel paths that keep the determinism contract. An on/off
+switch holds ``1`` (on), ``0`` (off) or nothing (the switch's default); a choice switch
+(:func:`switch_choice`) names one of its paths. Any other value raises, so that a typo
+never silently leaves the other path in place.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["FUSED_FWD_ENV", "switch_setting"]
+__all__ = ["FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV", "switch_choice",
+           "switch_setting"]
 
 #: the forward's last phase (state recurrence and output) as one kernel (default: on where
 #: measured, :func:`gdn_core.segment.fused_fwd_wanted`)
 FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
+
+#: how the WY forward kernel inverts ``I + A`` (:func:`gdn_core.ops.wy.wy_fwd`): ``subst``
+#: (the default; diagonal blocks by substitution, merges through the ``A_inv`` buffer) or
+#: ``reg`` (the whole inverse in registers by block merges; other bits)
+WY_INV_ENV = "GDN_CORE_WY_INV"
+WY_INV_CHOICES = ("subst", "reg")
 
 
 def switch_setting(name: str) -> bool | None:
@@ -28,3 +36,17 @@ def switch_setting(name: str) -> bool | None:
         raise ValueError(f"{name}={raw!r}: expected 0 or 1")
     return None if raw == "" else raw == "1"
 
+
+def switch_choice(name: str, choices: tuple[str, ...], default: str) -> str:
+    """The path the environment variable ``name`` names (one of ``choices``), or
+    ``default`` where it is unset or empty.
+
+    Raises:
+        ValueError: it names anything else.
+    """
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    if raw not in choices:
+        raise ValueError(f"{name}={raw!r}: expected one of {', '.join(choices)}")
+    return raw

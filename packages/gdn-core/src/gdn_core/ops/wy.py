@@ -29,6 +29,18 @@ resident), separated by CTA barriers:
    16-bit dot (``W``/``U`` are stored in that type anyway); fp32 inputs take
    IEEE fp32 dots.
 
+``GDN_CORE_WY_INV=reg`` (:func:`wy_inverse_choice`; unset or ``subst``: the kernel
+above, whose bits the snapshot holds) runs another inverse with the same contract and
+other bits (:func:`_wy_reg_body`): ``A`` from one whole-``K`` dot stays in registers, is
+cut into its 32- and 16-blocks by reshapes, splits and joins, the four diagonal 16-blocks
+are inverted together as a ``[4, 16, 16]`` batch by masked merges from 2×2 blocks up
+(six batched IEEE dots instead of 15 substitution steps), then the same two merges as
+above on their own tiles; the inverse is stored once (the fp32 one only where it is
+returned) and phase 3 is :func:`_dot_rows` on it, so ``wy_apply`` on its ``A_inv``
+gives its ``W``, ``U``. ``v`` is prefetched into L2 at the start (inline PTX, compiled
+launches only); capped at 128 registers (124 used, no spills, 32 KiB shared on sm_90 with
+Triton 3.6 at K = V = 128 bf16, against 123 and 16 KiB for the substitution kernel).
+
 The pinned configuration (``num_warps=8``, 100 registers, no spills on sm_90)
 was picked on the H200 among 4/8 warps × 16-bit/TF32 W/U dots × 1/2 stages:
 0.47 ms against 0.93 ms for the previous kernel at T=32768, H=16, K=V=128
@@ -38,6 +50,8 @@ arithmetic is fixed, so the bits are the same run to run.
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -46,8 +60,9 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile, unit_last
+from gdn_core.switches import WY_INV_CHOICES, WY_INV_ENV, switch_choice
 
-__all__ = ["inverse_for_backward", "wy_apply", "wy_config", "wy_fwd"]
+__all__ = ["inverse_for_backward", "wy_apply", "wy_config", "wy_fwd", "wy_inverse_choice"]
 
 
 @triton.jit
@@ -110,6 +125,95 @@ def _st_sq(p_a, r0: tl.constexpr, c0: tl.constexpr, S: tl.constexpr, n, RS, x):
 @triton.jit
 def _ieee(a, b):
     return tl.dot(a, b, input_precision="ieee")
+
+
+@triton.jit
+def _merge(x, a, r, c, S: tl.constexpr):
+    """One merge level on stacked ``2S``-blocks: ``x`` holds the inverses of the ``S × S``
+    diagonal blocks (zero elsewhere), ``a`` the matching tile of ``A``; returns the
+    inverses of the ``2S × 2S`` blocks, ``X_10 = −X_11 (A_10 X_00)`` in each (the masked
+    products add exact zeros only)."""
+    m = ((r // S) % 2 == 1) & (c // S == r // S - 1)
+    return x - _ieee(x, _ieee(tl.where(m, a, 0.0), x))
+
+
+@triton.jit
+def _quarters(x):
+    """The four ``[S, S]`` quarters ``(top-left, bottom-left, top-right, bottom-right)`` of
+    ``[.., 2S, 2S]`` tiles (leading batch dimension optional, rank 2 or 3)."""
+    if len(x.shape) == 3:
+        B: tl.constexpr = x.shape[0]
+        S: tl.constexpr = x.shape[1] // 2
+        q = tl.permute(tl.reshape(x, (B, 2, S, 2, S)), (0, 2, 4, 1, 3))  # [B, S, S, row, col]
+    else:
+        S: tl.constexpr = x.shape[0] // 2
+        q = tl.permute(tl.reshape(x, (2, S, 2, S)), (1, 3, 0, 2))  # [S, S, row, col]
+    left, right = tl.split(q)
+    x00, x10 = tl.split(left)
+    x01, x11 = tl.split(right)
+    return x00, x10, x01, x11
+
+
+@triton.jit
+def _assemble(x00, x10, x01, x11):
+    """Inverse of :func:`_quarters`: ``[[x00, x01], [x10, x11]]`` (rank 2 or 3)."""
+    q = tl.join(tl.join(x00, x10), tl.join(x01, x11))  # [.., S, S, row, col]
+    if len(x00.shape) == 3:
+        B: tl.constexpr = x00.shape[0]
+        S: tl.constexpr = x00.shape[1]
+        return tl.reshape(tl.permute(q, (0, 3, 1, 4, 2)), (B, 2 * S, 2 * S))
+    else:
+        S: tl.constexpr = x00.shape[0]
+        return tl.reshape(tl.permute(q, (2, 0, 3, 1)), (2 * S, 2 * S))
+
+
+@triton.jit
+def _stack2(x0, x1):
+    """``[2, ..]`` from two equal tiles (``x0`` first)."""
+    j = tl.join(x0, x1)  # [.., 2]
+    if len(x0.shape) == 3:
+        return tl.permute(j, (3, 0, 1, 2))
+    else:
+        return tl.permute(j, (2, 0, 1))
+
+
+@triton.jit
+def _unstack2(x):
+    """Inverse of :func:`_stack2`."""
+    if len(x.shape) == 4:
+        return tl.split(tl.permute(x, (1, 2, 3, 0)))
+    else:
+        return tl.split(tl.permute(x, (1, 2, 0)))
+
+
+@triton.jit
+def _inv_reg(a):
+    """``(I + a)^{-1}`` of a strictly lower ``[64, 64]`` fp32 tile in registers
+    (``GDN_CORE_WY_INV=reg``): no memory, IEEE fp32 throughout.
+
+    The tile is cut into its 32×32 and 16×16 blocks by reshapes, splits and joins (data
+    movement only). The four diagonal 16-blocks are inverted together as one ``[4, 16,
+    16]`` batch by merges from 2×2 blocks up (``I − a`` on the 2×2 diagonal blocks, then
+    three masked batched merge levels); then the substitution kernel's two merges on
+    their own tiles, ``X_10 = −X_11 (A_10 X_00)`` (both 32-halves as one ``[2, 16, 16]``
+    batch) and ``X_BL = −X_BR (A_BL X_TL)`` (``[32, 32]``)."""
+    a_tl, a_bl, a_tr, a_br = _quarters(a)
+    halves = _stack2(a_tl, a_br)  # [2, 32, 32]: the diagonal 32-blocks
+    d_e, a_s, d_z, d_o = _quarters(halves)  # [2, 16, 16] each: blocks 2h, 2h+1 below, -, 2h+1
+    a_d = tl.reshape(tl.permute(tl.join(d_e, d_o), (0, 3, 1, 2)), (4, 16, 16))  # block 2h + p
+    r = tl.arange(0, 16)[None, :, None]
+    c = tl.arange(0, 16)[None, None, :]
+    x = tl.where(r == c, 1.0, 0.0) - tl.where((r == c + 1) & (r % 2 == 1), a_d, 0.0)
+    x = _merge(x, a_d, r, c, 2)
+    x = _merge(x, a_d, r, c, 4)
+    x = _merge(x, a_d, r, c, 8)
+    # 16 → 32 on both halves: X_10 = −X_11 (A_10 X_00), X_32 = −X_33 (A_32 X_22)
+    x_e, x_o = tl.split(tl.permute(tl.reshape(x, (2, 2, 16, 16)), (0, 2, 3, 1)))
+    x_s = -_ieee(x_o, _ieee(a_s, x_e))
+    x_tl, x_br = _unstack2(_assemble(x_e, x_s, tl.zeros_like(x_e), x_o))
+    # 32 → 64: X_BL = −X_BR (A_BL X_TL)
+    x_bl = -_ieee(x_br, _ieee(a_bl, x_tl))
+    return _assemble(x_tl, x_bl, tl.zeros_like(x_tl), x_br)
 
 
 @triton.jit
@@ -182,18 +286,101 @@ def _wy_kernel(
     DOT16: tl.constexpr,
     INVERT: tl.constexpr,
     STORE_A16: tl.constexpr,
+    INV_REG: tl.constexpr = False,
+    STORE_A32: tl.constexpr = True,
+    KP: tl.constexpr = 16,
+    VP: tl.constexpr = 16,
+    PREFETCH: tl.constexpr = False,
 ):
     """One chunk × value head. ``INVERT``: phases 1–2 build ``A_inv`` in place
     (:func:`wy_fwd`); else ``A_inv`` is read as given (:func:`wy_apply`). ``VT``,
     ``VH``: ``v``'s token and head strides (a view of a packed projection is read
     in place). ``STORE_A16``: phase 3 also writes the inverse rounded to the 16-bit
-    input type into ``A16`` (the backward's copy); ``A16`` is unused (``None``) otherwise."""
+    input type into ``A16`` (the backward's copy); ``A16`` is unused (``None``) otherwise.
+    ``INV_REG`` (with ``INVERT``): the register variant (:func:`_wy_reg_body`); it writes
+    the fp32 ``A_inv`` only with ``STORE_A32`` (``A_inv`` is ``None`` otherwise); ``KP``,
+    ``VP``: ``K``, ``V`` rounded up to powers of two (its whole-``K`` dot, the prefetch's
+    lines); ``PREFETCH``: it prefetches ``v`` into L2 (compiled launches only: inline
+    PTX)."""
     i_c = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_h = i_hv // GROUP
     bos = tl.load(chunk_start + i_c).to(tl.int64)
     n = tl.load(chunk_len + i_c)
+    if INVERT and INV_REG:
+        _wy_reg_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, VH,
+                     K, V, BK, BV, KP, VP, PREC, DOT16, STORE_A16, STORE_A32, PREFETCH)
+    else:
+        _wy_subst_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, VH,
+                       K, V, BK, BV, PREC, DOT16, INVERT, STORE_A16)
 
+
+@triton.jit
+def _prefetch_l2(p):
+    """Start pulling the line at each address of ``p`` into L2 (``prefetch.global.L2``; no
+    register is held for it, nothing waits for it). Compiled kernels only."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [p],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _wy_reg_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, VH,
+                 K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                 KP: tl.constexpr, VP: tl.constexpr, PREC: tl.constexpr, DOT16: tl.constexpr,
+                 STORE_A16: tl.constexpr, STORE_A32: tl.constexpr, PREFETCH: tl.constexpr):
+    """:func:`_wy_kernel` with ``GDN_CORE_WY_INV=reg``: ``A`` is one whole-``K`` dot kept in
+    registers, inverted there (:func:`_inv_reg`) and stored once (fp32 only with
+    ``STORE_A32``); ``W``, ``U`` are phase 3 of the substitution kernel
+    (:func:`_dot_rows`) on the register inverse, so they are that kernel's function of
+    ``A_inv``. ``PREFETCH``: ``v``'s lines are sent for into L2 first, so that phase 3
+    finds them there."""
+    t = tl.arange(0, 64)
+    mt = t < n
+    KS = H * K  # token stride of k
+    RS = HV * 64  # token stride of A_inv
+    p_k = k + bos * KS + i_h * K
+    p_v = v + bos * VT + i_hv * VH
+    if PREFETCH:  # one address in each 128-byte line of the chunk's rows (clamped to them)
+        LINE: tl.constexpr = 128 // v.dtype.element_ty.primitive_bitwidth * 8  # elements a line
+        if VP <= LINE:
+            _prefetch_l2(p_v + tl.minimum(t, n - 1) * VT)
+        else:
+            cl = tl.minimum(tl.arange(0, VP // LINE) * LINE, V - 1)
+            _prefetch_l2(p_v + tl.minimum(t, n - 1)[:, None] * VT + cl[None, :])
+    ck = tl.arange(0, KP)
+    mk = ck < K
+    g = tl.load(G + bos * HV + i_hv + t * HV, mask=mt, other=0.0)
+    b = tl.load(beta + bos * HV + i_hv + t * HV, mask=mt, other=0.0).to(tl.float32)
+    # A = strict-lower( β_i exp(G_i − G_j) k_i·k_j ): one dot, gated in registers
+    kk = tl.dot(_ld(p_k, t, mt, ck, mk, KS), _ld_t(p_k, t, mt, ck, mk, KS),
+                input_precision=PREC)
+    m = (t[:, None] > t[None, :]) & mt[:, None]
+    e = tl.exp(tl.where(m, g[:, None] - g[None, :], 0.0))
+    a = _inv_reg(tl.where(m, kk * e * b[:, None], 0.0))
+
+    c = tl.arange(0, 64)
+    if STORE_A32:
+        tl.store(A_inv + bos * RS + i_hv * 64 + t[:, None] * RS + c[None, :], a,
+                 mask=mt[:, None])
+    if DOT16:
+        a = a.to(W.dtype.element_ty)
+        if STORE_A16:
+            tl.store(A16 + bos * RS + i_hv * 64 + t[:, None] * RS + c[None, :], a,
+                     mask=mt[:, None])
+    _dot_rows(a, p_k, KS, W + bos * HV * K + i_hv * K, HV * K, b * tl.exp(g), t, mt, K, BK,
+              PREC, DOT16)
+    if DOT16:
+        a = a.to(U.dtype.element_ty)
+    _dot_rows(a, p_v, VT, U + bos * HV * V + i_hv * V, HV * V, b, t, mt, V, BV, PREC, DOT16)
+
+
+@triton.jit
+def _wy_subst_body(k, v, beta, G, A_inv, W, U, A16, bos, n, i_h, i_hv, H, HV, VT, VH,
+                   K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                   PREC: tl.constexpr, DOT16: tl.constexpr, INVERT: tl.constexpr,
+                   STORE_A16: tl.constexpr):
+    """:func:`_wy_kernel` as the module docstring describes it (``GDN_CORE_WY_INV=subst``,
+    the default, and :func:`wy_apply`)."""
     t = tl.arange(0, 64)
     mt = t < n
     KS = H * K  # token stride of k
@@ -254,6 +441,14 @@ def _wy_kernel(
 
 
 _WY_KERNEL = cached_launch(_wy_kernel)
+
+
+#: register cap of the register-inverse launch (``GDN_CORE_WY_INV=reg``) with 16-bit W/U
+#: dots: two CTAs of 8 warps an SM. Uncapped, ptxas takes 151 registers at K = V = 128
+#: bf16 (one CTA an SM); capped, 124 and no spills (``tools/sm90_report.py wy_inv``). At
+#: K ≤ 64 the cap costs ~160 bytes of spills (uncapped: 195-211 registers). fp32 inputs
+#: (IEEE W/U dots) are not capped: they spill either way.
+WY_REG_MAXNREG = 128
 
 
 def _check_dims(K: int, V: int) -> None:
@@ -325,18 +520,40 @@ def wy_fwd(
         ``W: [T, HV, K]`` in ``k``'s dtype; ``U: [T, HV, V]`` in ``v``'s dtype.
     """
     _check_inputs(k, v, beta, G, index, group)
-    # The kernel builds the inverse in A_inv's memory: allocated either way.
-    A_inv = torch.empty(k.shape[0], v.shape[1], 64, dtype=torch.float32, device=k.device)
+    reg = wy_inverse_choice() == "reg"
+    shape = (k.shape[0], v.shape[1], 64)
     a16 = None
     if output_A_inv and A_inv_for_backward and _dot16(k, v):
-        a16 = torch.empty(A_inv.shape, dtype=k.dtype, device=k.device)
+        a16 = torch.empty(shape, dtype=k.dtype, device=k.device)
+    # The substitution kernel builds the inverse in A_inv's memory: allocated either way.
+    # The register one writes it only where it is returned.
+    A_inv = None
+    if not reg or (output_A_inv and a16 is None):
+        A_inv = torch.empty(shape, dtype=torch.float32, device=k.device)
     W, U, grid, args, constexprs = _launch_spec(k, v, beta, G, A_inv, index, group, invert=True,
-                                                a16=a16)
+                                                a16=a16, reg=reg)
     if grid is not None:
         _WY_KERNEL[grid](*args, **constexprs)
     if not output_A_inv:
         return None, W, U
     return (a16 if a16 is not None else A_inv), W, U
+
+
+def wy_inverse_choice() -> str:
+    """How :func:`wy_fwd` inverts ``I + A``: ``GDN_CORE_WY_INV``
+    (:data:`gdn_core.switches.WY_INV_ENV`, read at each call): ``"subst"`` (unset: the
+    default) or ``"reg"`` (in registers; same contract, other bits).
+
+    Raises:
+        ValueError: the variable names another path.
+    """
+    return switch_choice(WY_INV_ENV, WY_INV_CHOICES, "subst")
+
+
+def _compiled(x: torch.Tensor) -> bool:
+    """Whether a launch on ``x``'s device runs compiled (not under Triton's interpreter),
+    so that inline PTX may be used."""
+    return x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
 
 
 def _dot16(k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -355,14 +572,18 @@ def inverse_for_backward(A_inv: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 
 
 def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert: bool,
-                 a16: torch.Tensor | None = None):
+                 a16: torch.Tensor | None = None, reg: bool = False):
     """``(W, U, grid, args, constexprs)`` of a :func:`_wy_kernel` launch (inputs checked
     by the caller); ``grid`` is ``None`` when there is nothing to launch. Each launcher
     makes the launch itself (no frame between it and the kernel). ``a16``: the buffer of
-    the 16-bit inverse phase 3 also writes (:func:`wy_fwd`), else ``None``."""
+    the 16-bit inverse phase 3 also writes (:func:`wy_fwd`), else ``None``. ``reg``
+    (with ``invert``): the register inverse; ``A_inv`` may then be ``None`` (not
+    written)."""
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
-    k, beta, A_inv = (x.contiguous() for x in (k, beta, A_inv))
+    k, beta = k.contiguous(), beta.contiguous()
+    if A_inv is not None:
+        A_inv = A_inv.contiguous()
     v = unit_last(v)
     G = G.contiguous().float()
     W = torch.empty(T, HV, K, dtype=k.dtype, device=k.device)
@@ -378,6 +599,12 @@ def _launch_spec(k, v, beta, G, A_inv, index: ChunkIndex, group: int, *, invert:
         DOT16=_dot16(k, v), INVERT=invert, STORE_A16=a16 is not None,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
+    if reg and invert:
+        constexprs.update(INV_REG=True, STORE_A32=A_inv is not None,
+                          KP=triton.next_power_of_2(K), VP=triton.next_power_of_2(V),
+                          PREFETCH=_compiled(k))
+        if constexprs["DOT16"]:
+            constexprs["maxnreg"] = WY_REG_MAXNREG
     return W, U, (index.num_chunks, HV), args, constexprs
 
 
