@@ -43,7 +43,7 @@ LOG=$OUT/s15
 SHAPES6="B1,T32768,H16,HV32,D8;B1,T8192,H16;B1,T32768,H16;B4,T8192,H16;B1,T32768,H16,D8;B1,T65536,H16,D16"
 
 e2e() {  # $1 label, $2 shapes (time and peak memory: e2e_<label>.json); env set by the caller
-  timeout 90 python3 benchmarks/bench_gdn_train.py --arms det --warmup 10 --iters 40 \
+  timeout 90 python3 benchmarks/bench_gdn_train.py --arms det --warmup ${E2E_WARMUP:-10} --iters ${E2E_ITERS:-40} \
     --shapes "$2" --acc-shapes none --json "$LOG/e2e_${1//[^A-Za-z0-9_]/_}.json" \
     2>&1 | grep -E "^\[.*(shape|det )" | sed "s/^/$1 /" | tee -a "$LOG/e2e.txt"
 }
@@ -98,6 +98,7 @@ step6() {
   [[ -f benchmarks/wy_inverse_probe.py ]] || { echo "not on a tree with wyfast"; return 1; }
   timeout 90 python3 benchmarks/wy_inverse_probe.py > "$LOG/wy_inverse_probe.txt" 2>&1
   echo "wy probe exit $?"; cut -c1-200 "$LOG/wy_inverse_probe.txt" | tail -24
+  [[ ${WY_TESTS:-0} == 1 ]] || return 0  # the GPU test compiles for 60-120 s
   timeout 100 python3 -m pytest -q -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
     packages/gdn-core/tests/test_wy_inverse_gpu.py > "$LOG/wy_inverse_gpu.log" 2>&1
   echo "wy gpu tests exit $?"; tail -3 "$LOG/wy_inverse_gpu.log"
