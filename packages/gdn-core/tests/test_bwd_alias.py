@@ -25,7 +25,7 @@ def _case(**kw):
     args = dict(
         kernel="gluon", group=1, dq=((T, H, D), BF), dv=((T, H, D), BF),
         v_new=torch.empty(T, H, D, dtype=BF), du=torch.empty(T, H, D, dtype=BF),
-        v_new_owned=True, du_owned=True, workspace=False, out=False, setting=None,
+        v_new_owned=True, du_owned=True, workspace=False, out=False, setting=True,
     )
     args.update(kw)
     return args
@@ -33,7 +33,11 @@ def _case(**kw):
 
 def test_valid_call_aliases_both():
     assert plan_aliases(**_case()) == (True, True)
-    assert plan_aliases(**_case(setting=True)) == (True, True)
+
+
+def test_off_unless_switched_on():
+    """Unset (``None``) is off until the H200 has run the aliasing; ``0`` is off."""
+    assert plan_aliases(**_case(setting=None)) == (False, False)
 
 
 @pytest.mark.parametrize("kernel", ["triton", "gluon_persistent"])
