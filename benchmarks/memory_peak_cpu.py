@@ -7,6 +7,10 @@ or removed before the H200 measures the real ``torch.cuda.max_memory_allocated``
 (``bench_gdn_train.py``). The kernels run under Triton's interpreter.
 
     python benchmarks/memory_peak_cpu.py --package gdn_train --segment-size 0
+
+The chunk-gradient stage runs the Triton pair here, which writes no result over its
+inputs; ``--as-gluon-grads`` counts as where the one-tile Gluon kernel runs (CUDA):
+with its aliases (``GDN_CORE_BWD_ALIAS``), the count only, the gradients then being wrong.
 """
 
 from __future__ import annotations
@@ -44,7 +48,13 @@ def main() -> None:
     p.add_argument("--segment-size", type=int, default=None)
     p.add_argument("--at-peak", type=int, default=0, metavar="N",
                    help="also list the N largest tensors live at the forward+backward peak")
+    p.add_argument("--as-gluon-grads", action="store_true",
+                   help="count the aliases of the Gluon chunk-gradient kernel (wrong grads)")
     args = p.parse_args()
+    if args.as_gluon_grads:
+        import gdn_core.ops.backward as backward
+
+        backward.grads_kernel = lambda grads: "gluon"
     from gdn_core.testkit import LiveBytes
 
     class LiveBytesAtPeak(LiveBytes):

@@ -909,15 +909,19 @@ def segment_bwd_finish(bst: SegmentBackward) -> GDNGrads:
         from gdn_core.ops.backward import Recomputed, backward_from_recompute
 
         rec = Recomputed(bst.W, bst.h, bst.v_new)
-        bst.W = bst.h = bst.v_new = None  # the backward frees them as it spends them
+        dv_local = bst.dv_local
+        # the backward frees them as it spends them, and may write results over v_new and
+        # dv_local (both recomputed by phase 1, in the workspace's dv_local if there is one)
+        bst.W = bst.h = bst.v_new = bst.dv_local = None
         dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
             saved.q, saved.k, saved.v, saved.beta, saved.G, bst.A_inv, rec,
             scale=saved.scale, index=saved.index, do=bst.do_flat, dht=D,
             g_dtype=saved.g.dtype, deterministic=bst.deterministic, workspace=bst.workspace,
-            dqk_dtype=torch.float32 if l2 else None, dv_local=bst.dv_local,
+            dqk_dtype=torch.float32 if l2 else None, dv_local=dv_local, donate=True,
             num_docs=s.num_docs,  # the entry-state gradients may overwrite the fold's fp32 D:
             dh0=bst.D if bst.D is not None and bst.D.dtype == torch.float32 else None,
         )
+        del dv_local
         if l2:
             from gdn_core.ops.l2norm import l2norm_bwd_pair
 

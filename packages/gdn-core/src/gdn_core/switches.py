@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV", "switch_choice",
+__all__ = ["BWD_ALIAS_ENV", "FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV", "switch_choice",
            "switch_setting"]
 
 #: the forward's last phase (state recurrence and output) as one kernel (default: on where
 #: measured, :func:`gdn_core.segment.fused_fwd_wanted`)
 FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
+
+#: the backward writes ``dv`` over its own ``dV'`` buffer and (one value head per q/k head)
+#: ``dq`` over its own ``v_new`` where the one-tile Gluon chunk-gradient kernel runs
+#: (:func:`gdn_core.ops.backward.plan_aliases`; ``1`` on where valid; unset or ``0``: off, the
+#: default until the H200 has run it). The same bits, up to 2 units of ``[T, HV, 128]`` 16-bit
+#: less at the backward's peak
+BWD_ALIAS_ENV = "GDN_CORE_BWD_ALIAS"
 
 #: how the WY forward kernel inverts ``I + A`` (:func:`gdn_core.ops.wy.wy_fwd`): ``subst``
 #: (the default; diagonal blocks by substitution, merges through the ``A_inv`` buffer) or

@@ -17,6 +17,18 @@ Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
    ``dq``/``dk`` partials over each group of value heads;
 5. the L2-norm backward when the forward normalised q/k in the kernel.
 
+Aliasing (``GDN_CORE_BWD_ALIAS=1``, opt-in until the H200 has run it; :func:`plan_aliases`):
+where the one-tile Gluon
+chunk-gradient kernel runs (:mod:`gdn_core.ops.gluon.chunk_grads`), each of its CTAs
+TMA-loads every tile of its (chunk, value head) before it stores a result row, and only
+that CTA stores those rows; a short chunk's rows past its end (another CTA's) are zeroed
+in shared memory before any product. So ``dv`` is written over this call's own ``dV'``
+buffer and, with one value head per q/k head and ``dq`` final in v_new's dtype, ``dq`` over
+its own ``v_new``: the same bits, up to two ``[T, HV, V]`` buffers fewer at the peak.
+Never with a workspace, result buffers (``out``, the slabs), buffers the caller did not
+hand over (``donate``), the persistent Gluon kernel or the Triton pair (whose second
+kernel re-reads ``V'`` and ``dV'`` after the first stored ``dq``/``dv``).
+
 Determinism: none of these launchers uses atomics, every cross-program sum
 runs in a fixed order, and all launch configurations are pinned (no
 autotuning), so ``deterministic=True`` results are bitwise repeatable.
@@ -28,7 +40,8 @@ types the workspace.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +54,7 @@ from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
 from gdn_core.ops.dv_local import dv_local_bwd
 from gdn_core.ops.group_reduce import group_reduce
 from gdn_core.ops.tiles import unit_last
+from gdn_core.switches import BWD_ALIAS_ENV, switch_setting
 from gdn_core.typed import TypedWorkspace, mode_name, require_instance
 
 __all__ = [
@@ -52,6 +66,8 @@ __all__ = [
     "gdn_backward_triton",
     "chunk_gdn_backward",
     "backward_from_recompute",
+    "grads_kernel",
+    "plan_aliases",
     "resolve_workspace",
     "uses_dq_partials",
 ]
@@ -297,6 +313,68 @@ def resolve_workspace(
     return workspace, workspace.views(T, HV, K, V, num_chunks, dtype, dq_partials)
 
 
+def grads_kernel(grads: Callable) -> str:
+    """Which chunk-gradient launcher ``grads`` is (what :func:`gluon.pick` chose):
+    ``"gluon"`` (the one-tile kernel, :mod:`gdn_core.ops.gluon.chunk_grads`),
+    ``"gluon_persistent"`` (``grads2``) or ``"triton"`` (anything else). Imports nothing:
+    a Gluon launcher can only have been picked once its module was imported."""
+    for stage, kind in (("grads", "gluon"), ("grads2", "gluon_persistent")):
+        module, name, _ = gluon.STAGES[stage]
+        mod = sys.modules.get(f"{gluon.__name__}.{module}")
+        if mod is not None and grads is getattr(mod, name, None):
+            return kind
+    return "triton"
+
+
+def _sole_view(x: torch.Tensor | None) -> bool:
+    """Whether ``x`` is the whole of its storage, contiguous (so that handing its memory out
+    as a result neither keeps a larger buffer alive nor exposes other data)."""
+    return (x is not None and x.is_contiguous() and x.storage_offset() == 0
+            and x.untyped_storage().nbytes() == x.numel() * x.element_size())
+
+
+def plan_aliases(
+    *,
+    kernel: str,
+    group: int,
+    dq: tuple[tuple[int, ...], torch.dtype] | None,
+    dv: tuple[tuple[int, ...], torch.dtype],
+    v_new: torch.Tensor | None,
+    du: torch.Tensor,
+    v_new_owned: bool,
+    du_owned: bool,
+    workspace: bool,
+    out: bool,
+    setting: bool | None,
+) -> tuple[bool, bool]:
+    """Which results the chunk-gradient launch writes over its inputs: ``(dv over du,
+    dq over v_new)`` (pure; :func:`backward_from_recompute` asks it).
+
+    ``kernel``: :func:`grads_kernel` of the launcher; ``group``: value heads per q/k head;
+    ``dq``: ``(shape, dtype)`` of the final ``dq`` the kernel rounds into (``None``: it
+    writes fp32 partials, e.g. for the L2-norm backward or a group reduction); ``dv``:
+    ``(shape, dtype)`` of ``dv``; ``v_new``, ``du`` (``dV'``): the kernel's inputs;
+    ``v_new_owned``, ``du_owned``: held by nothing but this backward (fresh, handed over);
+    ``workspace``: the backward has a workspace; ``out``: its results go into given
+    buffers (the slabs); ``setting``: :data:`~gdn_core.switches.BWD_ALIAS_ENV`'s
+    (``None``, unset: off until the GPU suite has run the aliasing; ``True``: on where
+    valid).
+
+    Both need the switch on, the one-tile Gluon kernel (each CTA loads all its tiles
+    before storing and owns its rows), no workspace, no given result buffers, and the
+    input owned, the whole of its storage and contiguous, of the result's shape and dtype;
+    ``dq`` also one value head per q/k head.
+    """
+    if setting is not True or kernel != "gluon" or workspace or out:
+        return False, False
+
+    def fits(x: torch.Tensor | None, owned: bool, spec) -> bool:
+        return (owned and spec is not None and _sole_view(x)
+                and tuple(x.shape) == tuple(spec[0]) and x.dtype == spec[1])
+
+    return fits(du, du_owned, dv), group == 1 and fits(v_new, v_new_owned, dq)
+
+
 @dataclass
 class Recomputed:
     """What a backward rebuilt of the forward: ``W [T,HV,K]``, ``h [NT,HV,K,V]``,
@@ -331,6 +409,7 @@ def backward_from_recompute(
     num_docs: int | None = None,
     dh0: torch.Tensor | None = None,
     out: tuple[torch.Tensor, ...] | None = None,
+    donate: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Stages 1–5 given the forward's intermediates.
 
@@ -357,7 +436,9 @@ def backward_from_recompute(
     them from what is returned. ``num_docs``: the document
     count the workspace is checked against (default: the index's; the segment
     path's index holds segments). ``dh0``: the buffer of that result, may be ``dht``
-    (:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`).
+    (:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`). ``donate``: ``rec.v_new`` and
+    ``dv_local`` are held by nothing else (fresh, handed over), so that results may be
+    written over them (:func:`plan_aliases`; a ``dv_local`` this call allocates is its own).
     """
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
@@ -370,6 +451,7 @@ def backward_from_recompute(
         num_docs=index.num_docs if num_docs is None else num_docs, dtype=dtype, device=k.device,
     )
 
+    du_owned = workspace is None and (dv_local is None or donate)
     if dv_local is None:
         dv_local = gluon.pick("dv_local", dv_local_bwd, q, do, index)(
             q, k, G, do, scale, index, group, out=ws["dv_local"])
@@ -379,21 +461,33 @@ def backward_from_recompute(
         dh0=dh0,
     )  # dV' over dv_local: each element is rewritten by the program that read it
     rec.W = None
+    probe = (q, v, A_inv, index)
+    grads = gluon.pick("grads2", gluon.pick("grads", chunk_grads_bwd, *probe), *probe)
+    dv_over_du, dq_over_vn = plan_aliases(
+        kernel=grads_kernel(grads), group=group,
+        dq=((T, H, K), dqk_dtype or q.dtype) if direct else None, dv=((T, HV, V), v.dtype),
+        v_new=rec.v_new, du=dvp, v_new_owned=donate, du_owned=du_owned and dvp is dv_local,
+        workspace=workspace is not None, out=out is not None,
+        setting=switch_setting(BWD_ALIAS_ENV),
+    )
     # Outputs are allocated as late as possible, each once the tensors spent
     # before it are free (so the backward's peak holds only one of W | h, v_new).
     if direct and out is not None:
         dq_out, dk_out = out[0], out[1]
     elif direct:
-        dq_out, dk_out = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
-                          for x in (q, k))
+        dq_out = rec.v_new if dq_over_vn else torch.empty(
+            T, H, K, dtype=dqk_dtype or q.dtype, device=q.device)
+        dk_out = torch.empty(T, H, K, dtype=dqk_dtype or k.dtype, device=k.device)
     else:
         dq_out, dk_out = ws["dq_part"], ws["dk_part"]
-    probe = (q, v, A_inv, index)
-    grads = gluon.pick("grads2", gluon.pick("grads", chunk_grads_bwd, *probe), *probe)
+    res = {} if out is None else dict(dv=out[2], dg=out[3], dbeta=out[4])
+    if dv_over_du:
+        res["dv"] = dvp  # each CTA stores its dv rows after its dV' tile has landed
     dq_part, dk_part, dv, dbeta, dg = grads(
         q, k, v, rec.v_new, rec.h, dh, do, dvp, G, beta, A_inv, scale, index, group, g_dtype,
-        dq=dq_out, dk=dk_out, **({} if out is None else dict(dv=out[2], dg=out[3], dbeta=out[4])),
+        dq=dq_out, dk=dk_out, **res,
     )
+    del dvp, dv_local
     rec.h = rec.v_new = None
     if group == 1:  # the partials are the sums already (rounded into outputs if direct)
         return dq_part, dk_part, dv, dg, dbeta, dh0
@@ -468,7 +562,7 @@ def chunk_gdn_backward(
     dq, dk, dv, dg, dbeta, dh0 = backward_from_recompute(
         q, k, v, beta, G, A_inv, rec, scale=scale, index=index, do=do, dht=dht,
         g_dtype=g.dtype, deterministic=deterministic, workspace=workspace,
-        dqk_dtype=torch.float32 if l2 else None,
+        dqk_dtype=torch.float32 if l2 else None, donate=True,  # rec is this call's own
     )
     if l2:
         # The normalisation's backward reads dq/dk in fp32 and rounds its result once,

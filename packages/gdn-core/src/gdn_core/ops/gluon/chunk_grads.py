@@ -74,6 +74,16 @@ semantics, so the same masks (``i ≥ j``, ``i > j``, ``i < n``) follow.
 ``dq``/``dk``: fp32 per value head partials, or with ``group == 1`` the final values
 in any float dtype (rounded once, at the store).
 
+Results over inputs (``GDN_CORE_BWD_ALIAS``, :func:`gdn_core.ops.backward.plan_aliases`):
+``dv`` may be the ``du`` buffer and, with ``group == 1`` and K = V, ``dq`` the ``v_new``
+buffer. A CTA stores its ``dv`` rows after waiting for ``bars[1]`` (dU's tile landed) and
+its ``dq`` rows after ``bars[0]`` (V'), reads them from shared memory only afterwards, and
+no CTA but this one stores those rows; the rows past a short chunk's end that its TMA
+tile reads (another CTA's, maybe already overwritten) are zeroed in V' and dU's tiles
+(a select, so no NaN passes) before any product. The persistent kernel is not proven
+for this, and the Triton pair's ``_dk_kernel`` re-reads V' and dU after ``_dq_dv_kernel``
+stored ``dq``/``dv``: neither aliases.
+
 Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_grads``;
 bf16, H = HV = 16 with bf16 ``dq``/``dk``, and H = 8, HV = 16 with fp32 partials)::
