@@ -12,7 +12,9 @@
 #   call 2 (short, carry [".whl-base"]), then call 3 right after (carry [".whl"], ~400 s):
 #       bash tools/h200_s16_validate.sh 2 ; bash tools/h200_s16_validate.sh 3
 #       det against FlashQLA on issue 19's six shapes in one run (warm compiles, 6 at once);
-#       then det with GDN_CORE_BWD_ALIAS=0 and with GDN_CORE_WY_INV=reg at the same shapes
+#       then det with GDN_CORE_BWD_ALIAS=1 (opt-in: its time and peak memory) and with
+#       GDN_CORE_WY_INV=reg at the same shapes. If call 1's alias tests pass and the peak
+#       drops, make the alias the default (plan_aliases: setting None -> on)
 #   call 4 (~540 s, carry [".whl-fla"]):  bash tools/h200_s16_validate.sh 4
 #       the layer against fla's at all anchor token counts (64K in 16 documents was missing
 #       in session 15; fla autotunes at its first shape); host time at T1024 with fla's
@@ -73,7 +75,7 @@ step3() {
     --iters 20 --shapes "$SHAPES6" --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 \
     --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
   echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla |warm compile done)" "$LOG/qla.md" | cut -c1-200
-  GDN_CORE_BWD_ALIAS=0 e2e alias0 "$SHAPES6"
+  GDN_CORE_BWD_ALIAS=1 e2e alias1 "$SHAPES6"  # its peak memory is in e2e_alias1.json
   GDN_CORE_WY_INV=reg e2e wyreg "$SHAPES6"
 }
 
