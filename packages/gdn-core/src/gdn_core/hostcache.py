@@ -145,8 +145,13 @@ def tensor_values(t: torch.Tensor) -> tuple:
     tensor again. Writes that bypass autograd's version counter (through ``t.data`` or a
     raw pointer in a kernel) are not seen: don't modify a ``cu_seqlens`` tensor in place
     behind torch's back while calls use it. Inference-mode tensors (no version counter)
-    are read on every call.
+    are read on every call, and so is a CUDA tensor while its device's stream is being
+    captured into a graph: the read fails there as it always did, rather than baking
+    remembered values into a graph that may replay after the tensor changed (a captured
+    step takes its documents from a :class:`~gdn_core.layout.VarlenLayout`).
     """
+    if t.is_cuda and capturing(t.device):
+        return tuple(t.tolist())
     try:
         version = t._version
     except RuntimeError:  # an inference tensor tracks no version: read it every time
