@@ -2,19 +2,20 @@
 # The next session's device calls, on main. Session 15 could not run its call 6 (no device
 # time left after a refused start); this script holds it and the rest of the plan.
 #
-#   call 1 (~400 s, carry [".old"] after `git worktree add .old 9eb52c5`):
+#   call 1 (~480 s, carry [".old"] after `git worktree add .old 9eb52c5`):
 #       bash tools/h200_s16_validate.sh 1
 #       every gpu-marked test of the four GDN packages (session 15: 361 passed, 1 failed in a
-#       test that recorded one thread only, fixed; new since then: the WY register inverse's
-#       GPU test and the backward's output aliasing tests); det at the three packed-document
-#       shapes with this tree and with .old (9eb52c5: before cu_seqlens was read once per
-#       tensor object); the WY register inverse's probe (GDN_CORE_WY_INV=reg)
-#   call 2 (short, carry [".whl-base"]), then call 3 right after (carry [".whl"], ~400 s):
+#       test that recorded one thread only, fixed; new since then: the WY register inverse's,
+#       the backward's output aliasing and the fused state backward's GPU tests); det at the
+#       three packed-document shapes with this tree and with .old (9eb52c5: before
+#       cu_seqlens was read once per tensor object)
+#   call 2 (short, carry [".whl-base"]), then call 3 right after (carry [".whl"], ~560 s):
 #       bash tools/h200_s16_validate.sh 2 ; bash tools/h200_s16_validate.sh 3
 #       det against FlashQLA on issue 19's six shapes in one run (warm compiles, 6 at once);
 #       then det with GDN_CORE_BWD_ALIAS=1 (opt-in: its time and peak memory) and with
-#       GDN_CORE_WY_INV=reg at the same shapes. If call 1's alias tests pass and the peak
-#       drops, make the alias the default (plan_aliases: setting None -> on)
+#       GDN_CORE_WY_INV=reg at the same shapes; then the probes of the WY register inverse and
+#       of the fused state backward (GDN_CORE_GLUON stage fused_state). If call 1's alias
+#       tests pass and the peak drops, make the alias the default (plan_aliases: None -> on)
 #   call 4 (~540 s, carry [".whl-fla"]):  bash tools/h200_s16_validate.sh 4
 #       the layer against fla's at all anchor token counts (64K in 16 documents was missing
 #       in session 15; fla autotunes at its first shape); host time at T1024 with fla's
@@ -23,6 +24,10 @@
 #       bash tools/h200_s16_validate.sh 5
 #       the det calls' CUDA bits of main against b9506db (session 15's ran out of time after
 #       4 equal cases); KCP world 8 with 20 iterations (session 15: 1.30 with 5)
+#
+# The five need ~2100 s with one cold start, more than one session's 1800: run them in the
+# order 1, 2+3, 4, 5 and let call 5 go to the session after if the budget is short (or run
+# 5 with KCP_WORLDS=none-like shortening: STAGES=bits only).
 #
 # Everything lands in $OUT/s16_<step>.tgz (logs inside); a step killed by its limit leaves
 # its logs in $OUT/s16. Only -m gpu tests on a GPU machine. Keep calls back to back: the
@@ -49,7 +54,7 @@ e2e() {  # $1 label, $2 shapes (time and peak memory: e2e_<label>.json); env set
 }
 
 step1() {
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
+  timeout ${TEST_TIMEOUT:-420} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
     -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra packages/gdn-core/tests \
     packages/gdn-det-train/tests packages/gdn-train/tests packages/gdn-det-train-kcp/tests \
     > "$LOG/gpu_tests.log" 2>&1
@@ -58,8 +63,6 @@ step1() {
   e2e new "$PACKED"
   local old; old=$(ls -d "$PWD"/.old/packages/*/src 2>/dev/null | tr '\n' ':')
   if [[ -n $old ]]; then PYTHONPATH="${old%:}" e2e old "$PACKED"; else echo "no .old carried"; fi
-  timeout 90 python3 benchmarks/wy_inverse_probe.py > "$LOG/wy_inverse_probe.txt" 2>&1
-  echo "wy probe exit $?"; cut -c1-200 "$LOG/wy_inverse_probe.txt" | tail -24
 }
 
 step2() {
@@ -77,6 +80,16 @@ step3() {
   echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla |warm compile done)" "$LOG/qla.md" | cut -c1-200
   GDN_CORE_BWD_ALIAS=1 e2e alias1 "$SHAPES6"  # its peak memory is in e2e_alias1.json
   GDN_CORE_WY_INV=reg e2e wyreg "$SHAPES6"
+  probes
+}
+
+probes() {  # the opt-in kernels' probes (time, bits, errors); each prints one table
+  timeout 90 python3 benchmarks/wy_inverse_probe.py > "$LOG/wy_inverse_probe.txt" 2>&1
+  echo "wy probe exit $?"; cut -c1-200 "$LOG/wy_inverse_probe.txt" | tail -24
+  if [[ -f benchmarks/gluon_fused_state_probe.py ]]; then
+    timeout 100 python3 benchmarks/gluon_fused_state_probe.py > "$LOG/fused_state_probe.txt" 2>&1
+    echo "fused state probe exit $?"; cut -c1-200 "$LOG/fused_state_probe.txt" | tail -24
+  fi
 }
 
 step4() {
