@@ -98,7 +98,7 @@ GLUON_FUSED_STATE_STAGES = 2
 GLUON_FUSED_STATE_DSTAGES = 2
 #: Register budget of partition A (4 warps); P gets 24, S (8 warps) what is left of 128 a
 #: thread over the 16 warps (``(4·128 − A − 24) / 2`` a thread of each of S's warpgroups).
-GLUON_FUSED_STATE_A_REGS = 128
+GLUON_FUSED_STATE_A_REGS = 104
 _P_REGS = 24
 _MAXNREG = 128  # 16 warps (8 + 4 + 1, rounded to warpgroups) · 32 threads · 128 = 64 K
 _BT, _K, _V = 64, 128, 128
@@ -240,33 +240,33 @@ def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, 
         L = gl.minimum(eos - t0, BT)
         # ---- the chain: Xᵀ = dSᵀ Kᵀ, then the Q term behind it on the tensor cores
         dsb = ds.to(dtype)
+        if STORE:
+            dh_s.permute((1, 0)).store(dsb)  # dh[c] = dS_{c+1}
         xa = gl.convert_layout(dsb, A64)
         acc = ds * gl.exp(g_last)
         x = warpgroup_mma(xa, k_s.index(s).permute((1, 0)), gl.zeros([BV, BT], gl.float32, L64),
                           use_acc=False, is_async=True)
         acc = warpgroup_mma(dos, q_s.index(s), acc, is_async=True)
-        if STORE:
-            dh_s.permute((1, 0)).store(dsb)  # dh[c] = dS_{c+1}
-        kd = gl.where(tok < L, gl.exp(g_last - g), 0.0)
         # this chunk's dv_local from A (rows >= L selected to +0, the state kernel's value)
         mbarrier.wait(dvl_ready.index(b), (it // DSTAGES) & 1)
+        x = warpgroup_mma_wait(1, deps=[x, k_s.index(s), xa])[0]
+        kd = gl.where(tok < L, gl.exp(g_last - g), 0.0)
         dvlt = dvl_s.index(b).permute((1, 0)).load(L64).to(gl.float32)
         dvlt = gl.where((tok < L)[None, :], dvlt, 0.0)
+        dvp = x * kd[None, :] + dvlt  # dV'ᵀ
         gl.thread_barrier()
         mbarrier.arrive(dvl_free.index(b), count=1)
-        # next chunk's G (plain loads, consumed below while the W term runs)
+        dva = gl.convert_layout((-dvp).to(dtype), A128)
+        dvb = dvp.to(dtype)
+        acc = warpgroup_mma_wait(0, deps=[acc, q_s.index(s), dos])[0]
+        acc = warpgroup_mma(dva, w_s.index(s), acc, is_async=True)
+        # next chunk's G (plain loads, while the W term runs)
         has_next = it + 1 < n_chunks
         p_g = G + ((t0 - BT).to(gl.int64) * HV + i_hv)
         g = gl.load(p_g + tok * HV, mask=(tok < BT) & has_next, other=0.0)
         g_last = gl.load(p_g + (BT - 1) * HV, mask=has_next, other=0.0)
-        x = warpgroup_mma_wait(1, deps=[x, k_s.index(s), xa])[0]
-        dvp = x * kd[None, :] + dvlt  # dV'ᵀ
-        dva = gl.convert_layout((-dvp).to(dtype), A128)
-        acc = warpgroup_mma_wait(0, deps=[acc, q_s.index(s), dos])[0]
-        acc = warpgroup_mma(dva, w_s.index(s), acc, is_async=True)
         # ---- off the chain: this chunk's stores, the next chunk's Q-term operand
         if STORE:
-            dvb = dvp.to(dtype)
             if L < BT:
                 p_dv = dv + (t0.to(gl.int64) * HV + i_hv) * V
                 gl.store(p_dv + tok[None, :] * (HV * V) + rv64[:, None], dvb,
