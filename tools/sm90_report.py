@@ -501,7 +501,8 @@ def fused_state_reports() -> None:
             args = dict(fs._descriptors(q, q, w, w, w, dh), G=torch.zeros(T, HV), dht=st,
                         dv=w if store else st, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32,
                         need=i32, scale=0.5, HV=HV)
-            print(f"H={H} HV={HV} store={store} need={has_need} STAGES={fs.GLUON_FUSED_STATE_STAGES}"
+            print(f"H={H} HV={HV} store={store} need={has_need} "
+                  f"STAGES={fs.GLUON_FUSED_STATE_STAGES}"
                   f" DSTAGES={fs.GLUON_FUSED_STATE_DSTAGES} A_REGS={fs.GLUON_FUSED_STATE_A_REGS}")
             out = report_gluon(
                 fs._fused_state_bwd_gluon_kernel, args,
@@ -510,7 +511,8 @@ def fused_state_reports() -> None:
                      STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, P_REGS=fs._P_REGS),
                 num_warps=8, maxnreg=fs._MAXNREG)
             ptx = out["ptx"]
-            print("  setmaxnreg:", re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx),
+            regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+            print("  setmaxnreg:", regs,
                   "| bar.sync:", len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
                   "| mbarrier ops:", len(re.findall(r"\bmbarrier\.", ptx)),
                   "| wgmma:", len(re.findall(r"wgmma\.mma_async", ptx)))
@@ -594,7 +596,8 @@ if __name__ == "__main__":
              "gluon_state_bwd": gluon_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
-             "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports, "l2norm": l2norm_reports,
+             "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
+             "l2norm": l2norm_reports,
              "wy_inv": wy_inv_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()

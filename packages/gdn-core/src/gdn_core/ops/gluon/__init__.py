@@ -2,9 +2,12 @@
 
 The environment variable ``GDN_CORE_GLUON`` names the stages (the keys of :data:`STAGES`:
 ``output``, ``grads``, ``grads2``, ``wy``, ``wy_apply``, ``state``, ``state_bwd``,
-``dv_local``; comma-separated, ``all``, or ``none``) whose Gluon kernel replaces the Triton
-one where it serves the call (``grads2``, the persistent chunk-gradient kernel, supersedes
-``grads``' kernel where both are asked for). Unset or empty, it means
+``dv_local``, ``fused_state``; comma-separated, ``all``, or ``none``) whose Gluon kernel
+replaces the Triton one where it serves the call (``grads2``, the persistent chunk-gradient
+kernel, supersedes ``grads``' kernel where both are asked for; ``fused_state``, the
+warp-specialised state backward with ``dv_local`` inside, supersedes the ``dv_local`` +
+``state_bwd`` pair in :func:`gdn_core.ops.backward.backward_from_recompute`). Unset or empty,
+it means
 :data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``);
 ``none`` keeps Triton everywhere. :func:`pick` chooses; elsewhere the Triton kernel runs,
 and a profile or ``record_launches`` shows which ran. A caller may also use a launcher
@@ -45,6 +48,10 @@ STAGES: dict[str, tuple[str, str, str]] = {
     # the persistent chunk-gradient kernel; asked for, it replaces "grads"' kernel
     "grads2": ("chunk_grads_pipelined", "chunk_grads_bwd_gluon_pipelined",
                "gluon_chunk_grads_pipelined_supported"),
+    # dv_local inside the reverse state recurrence, warp-specialised (one launch); asked
+    # for, it replaces the "dv_local" + "state_bwd" pair where the backward runs both. Its
+    # launcher takes chunk_state_bwd's arguments less dv_local.
+    "fused_state": ("fused_state_bwd", "fused_state_bwd_gluon", "gluon_fused_state_supported"),
 }
 
 

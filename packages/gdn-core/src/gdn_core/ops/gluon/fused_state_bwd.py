@@ -15,7 +15,8 @@ aliasing ``dht``. Per document, from ``dS_N = dht`` (or 0), over its chunks in r
 **Bits.** Every product is formed by the same ``warpgroup_mma`` instructions, with the same
 operands, roundings and accumulation order as the two Gluon kernels it fuses
 (:mod:`gdn_core.ops.gluon.dv_local`: ``Pᵀ = K Qᵀ`` one ``m64n64k16`` chain of 8 k-steps, the
-masked scale, ``dvl = Pᵀ dO`` 4 k-steps of ``m64n128k16``; :mod:`gdn_core.ops.gluon.chunk_state_bwd`:
+masked scale, ``dvl = Pᵀ dO`` 4 k-steps of ``m64n128k16``;
+:mod:`gdn_core.ops.gluon.chunk_state_bwd`:
 the transposed chain ``Xᵀ = dSᵀ Kᵀ``, then ``exp(G_last) dSᵀ``, the Q term and the W term on
 one accumulator), and those were measured bitwise equal to the Triton kernels on the H200
 (``benchmarks/results/2026-12-02-h200-s13-call1-gluon-probes.txt``). So ``dh``, ``dV'`` and
@@ -58,7 +59,16 @@ with a 4-warp S (step 2 needs the registers; here S keeps the two-warpgroup tran
 state of the proven kernel), the ``h``/``v_new``/``A_inv`` tiles and the chunk gradients
 (step 2). Compiled for sm_90a with Triton 3.6 on a machine without a GPU; not yet run on
 one (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py fused_state``;
-figures in the report's docstring and the session's notes).
+bf16, group 1 and 2 alike)::
+
+    store=True:  setmaxnreg S 192 / A 104 / P 24 (the kernel at maxnreg 128, 16 warps),
+                 144 B spill stores (ptxas; in SASS 25 STL in A, 11 in S), 213,328 B shared,
+                 ~4,050 SASS instructions, 28 wgmma, 34 bar.sync
+    store=False: the same budgets, 84 B spills, 164,176 B shared
+
+(A at 128 gives S 176 and 244 B of spills, mostly S's; the non-specialised state kernel
+takes 255 registers on 8 warps.) A zero-spill S needs ~16 more registers: the ways out are
+the producer folded into A (3 warpgroups, S up to 208) or S's dvl read as 16-bit.
 
 Determinism: no atomics, each output tile owned by one CTA, fixed reduction orders.
 """
