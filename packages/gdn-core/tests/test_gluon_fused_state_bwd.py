@@ -88,3 +88,15 @@ def test_cpu_keeps_the_pair(monkeypatch):
     monkeypatch.setenv(gluon.GLUON_ENV, "all")
     args = _args()
     assert gluon.pick("fused_state", None, args[0], args[2], args[4], args[7]) is None
+
+
+def test_all_leaves_out_the_stages_run_by_name_only(monkeypatch):
+    """``GDN_CORE_GLUON=all`` does not ask for a stage of :data:`BY_NAME_ONLY` (kernels not
+    yet run on a GPU); naming it does."""
+    from gdn_core.ops import gluon
+
+    assert "fused_state" in gluon.BY_NAME_ONLY
+    monkeypatch.setenv(gluon.GLUON_ENV, "all")
+    assert gluon.requested("state_bwd") and not gluon.requested("fused_state")
+    monkeypatch.setenv(gluon.GLUON_ENV, "fused_state")
+    assert gluon.requested("fused_state") and not gluon.requested("state_bwd")

@@ -124,16 +124,17 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
     monkeypatch.setenv(gluon.GLUON_ENV, "none")  # Triton everywhere
     monkeypatch.setenv("GDN_CORE_FUSED_FWD", "0")  # the fused forward replaces state+output
     names, want = run()
-    every = {getattr(importlib.import_module(f"gdn_core.ops.gluon.{m}"), n).__name__
-             for m, n, _ in gluon.STAGES.values()}
-    assert not every & names
+    kernels = {stage: getattr(importlib.import_module(f"gdn_core.ops.gluon.{m}"), n).__name__
+               for stage, (m, n, _) in gluon.STAGES.items()}
+    assert not set(kernels.values()) & names
     monkeypatch.setenv(gluon.GLUON_ENV, "all")
     names, got = run()
     # grads2's persistent kernel supersedes grads' (and the forward saved the inverse: the
-    # backward applies it, wy_fwd_gluon runs in the forward); fused_state supersedes the
-    # dv_local + state_bwd pair in the backward
-    superseded = {"chunk_grads_bwd_gluon", "dv_local_bwd_gluon", "chunk_state_bwd_gluon"}
-    assert every - superseded <= names, every - names
+    # backward applies it, wy_fwd_gluon runs in the forward); "all" leaves out the stages
+    # run by name only
+    every = {n for stage, n in kernels.items() if stage not in gluon.BY_NAME_ONLY}
+    assert every - {"chunk_grads_bwd_gluon"} <= names, every - names
+    assert not {kernels[stage] for stage in gluon.BY_NAME_ONLY} & names
     assert "chunk_grads_bwd_gluon" not in names
     for a, b in zip(got, want):
         rel = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))
