@@ -8,7 +8,8 @@ launchers declared ``uses_atomics=False`` (a runtime test proves that with
 
 * for every launcher declared ``uses_atomics=False``, no ``tl.atomic_*`` call
   is reachable from its kernels through ``@triton.jit`` helper calls (a helper
-  passed by name, e.g. a scan's combine function, counts as called);
+  passed by name, e.g. a scan's combine function, counts as called, and so does a
+  partition function named in ``gl.warp_specialize``'s list of ``(function, args)``);
 * every ``@triton.jit`` kernel is either launched through a declared launcher
   or called by another ``@triton.jit`` function (nothing launches unchecked);
 * Gluon kernels (``@gluon.jit``) count as ``@triton.jit`` ones, and their
@@ -122,6 +123,13 @@ def _scan_file(path: Path, jits: dict[str, JitFunction], launchers: list[Launche
                     # a function passed by name (a scan's or reduction's combine function)
                     # is reached as if called
                     fn.calls.update(a.id for a in sub.args if isinstance(a, ast.Name))
+                    # gl.warp_specialize([(partition, (args...)), ...]): each partition
+                    # function (the first element of a tuple in a list argument) is called
+                    for a in sub.args:
+                        if isinstance(a, ast.List):
+                            fn.calls.update(e.elts[0].id for e in a.elts
+                                            if isinstance(e, ast.Tuple) and e.elts
+                                            and isinstance(e.elts[0], ast.Name))
             jits[f"{path}:{node.name}"] = fn
         for dec in node.decorator_list:
             if isinstance(dec, ast.Call) and _decorator_name(dec).endswith("launcher"):

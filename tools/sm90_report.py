@@ -30,6 +30,9 @@ gluon_wy_apply`` the Gluon WY apply kernel (the backward's W, U from the bf16 in
 (non-inverting, bf16 ``A_inv``); ``... tools/sm90_report.py fused_fwd`` the fused forward
 last phase (``_chunk_fwd_fused_kernel``, bf16, K=V=128, group 1 and 2, the pinned
 configuration and variants) next to ``_chunk_state_fwd_kernel`` + ``_chunk_output_fwd_kernel``;
+``... tools/sm90_report.py fused_state`` the warp-specialised fused state backward (dv_local
+inside the reverse recurrence; bf16, K=V=128, group 1 and 2, ``store`` on and off) with the
+``setmaxnreg`` of each partition, ``bar.sync`` and ``mbarrier`` counts of its PTX;
 from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
@@ -93,7 +96,7 @@ def _figures(kernel, label: str) -> dict:
                               capture_output=True, text=True).stdout
     out = {"ptxas": info or run.stderr.strip(),
            "sass_instructions": len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/", sass, re.M)),
-           "shared_bytes": kernel.metadata.shared}
+           "shared_bytes": kernel.metadata.shared, "ptx": kernel.asm["ptx"]}
     print(f"{label}: {out['ptxas']} | "
           f"SASS {out['sass_instructions']} | shared {out['shared_bytes']}")
     return out
@@ -477,6 +480,44 @@ def fused_fwd_reports() -> None:
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
+def fused_state_reports() -> None:
+    """The warp-specialised fused state backward (:mod:`gdn_core.ops.gluon.fused_state_bwd`:
+    dv_local inside the reverse recurrence) as its launcher builds it (bf16, K = V = 128,
+    chunks of 64, ``dht`` fp32; H = HV = 16 and H = 8, HV = 16; ``store=True``, then
+    ``store=False`` with ``need``): ptxas figures, shared bytes, the ``setmaxnreg`` of each
+    partition in the PTX and its ``bar.sync`` / ``mbarrier`` counts."""
+    import torch
+    from gdn_core.ops.gluon import fused_state_bwd as fs
+
+    T, NT, N, K = 1024, 16, 2, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        w = torch.zeros(T, HV, K, dtype=bf)
+        dh = torch.zeros(NT, HV, K, K, dtype=bf)
+        i32 = torch.zeros(N + 1, dtype=torch.int32)
+        st = torch.zeros(N, HV, K, K)
+        for store, has_need in ((True, False), (False, True)):
+            args = dict(fs._descriptors(q, q, w, w, w, dh), G=torch.zeros(T, HV), dht=st,
+                        dv=w if store else st, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32,
+                        need=i32, scale=0.5, HV=HV)
+            print(f"H={H} HV={HV} store={store} need={has_need} "
+                  f"STAGES={fs.GLUON_FUSED_STATE_STAGES}"
+                  f" DSTAGES={fs.GLUON_FUSED_STATE_DSTAGES} A_REGS={fs.GLUON_FUSED_STATE_A_REGS}")
+            out = report_gluon(
+                fs._fused_state_bwd_gluon_kernel, args,
+                dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=fs.GLUON_FUSED_STATE_STAGES,
+                     DSTAGES=fs.GLUON_FUSED_STATE_DSTAGES, USE_DHT=True, HAS_NEED=has_need,
+                     STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, P_REGS=fs._P_REGS),
+                num_warps=8, maxnreg=fs._MAXNREG)
+            ptx = out["ptx"]
+            regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+            print("  setmaxnreg:", regs,
+                  "| bar.sync:", len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
+                  "| mbarrier ops:", len(re.findall(r"\bmbarrier\.", ptx)),
+                  "| wgmma:", len(re.findall(r"wgmma\.mma_async", ptx)))
+
+
 def conv_reports() -> None:
     """The conv1d kernels as :func:`gdn_core.ops.conv1d.conv1d_fwd` and
     :func:`gdn_core.ops.conv1d_bwd.conv1d_bwd` launch them (bf16, W = 4, SiLU, no bias)."""
@@ -555,7 +596,8 @@ if __name__ == "__main__":
              "gluon_state_bwd": gluon_state_bwd_reports,
              "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
-             "fused_fwd": fused_fwd_reports, "l2norm": l2norm_reports,
+             "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
+             "l2norm": l2norm_reports,
              "wy_inv": wy_inv_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:
         modes[sys.argv[1]]()

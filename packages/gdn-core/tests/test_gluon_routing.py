@@ -49,6 +49,8 @@ TRITON_LAUNCHERS = {
     "wy_apply": "gdn_core.ops.wy:wy_apply",
     "dv_local": "gdn_core.ops.dv_local:dv_local_bwd",
     "grads2": "gdn_core.ops.chunk_grads_bwd:chunk_grads_bwd",
+    # chunk_state_bwd's parameters less dv_local (computed inside)
+    "fused_state": "gdn_core.ops.chunk_state_bwd:chunk_state_bwd",
 }
 
 
@@ -65,6 +67,8 @@ def test_every_stage_is_a_drop_in_for_its_triton_launcher(stage):
     triton_fn = getattr(importlib.import_module(tmod), tname)
     got = inspect.signature(getattr(mod, name)).parameters
     want = inspect.signature(triton_fn).parameters
+    if stage == "fused_state":
+        want = {n: p for n, p in want.items() if n != "dv_local"}
     assert [(p.name, p.kind, p.default) for p in got.values()] == \
         [(p.name, p.kind, p.default) for p in want.values()]
     assert callable(getattr(mod, supported))
@@ -120,14 +124,17 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
     monkeypatch.setenv(gluon.GLUON_ENV, "none")  # Triton everywhere
     monkeypatch.setenv("GDN_CORE_FUSED_FWD", "0")  # the fused forward replaces state+output
     names, want = run()
-    every = {getattr(importlib.import_module(f"gdn_core.ops.gluon.{m}"), n).__name__
-             for m, n, _ in gluon.STAGES.values()}
-    assert not every & names
+    kernels = {stage: getattr(importlib.import_module(f"gdn_core.ops.gluon.{m}"), n).__name__
+               for stage, (m, n, _) in gluon.STAGES.items()}
+    assert not set(kernels.values()) & names
     monkeypatch.setenv(gluon.GLUON_ENV, "all")
     names, got = run()
     # grads2's persistent kernel supersedes grads' (and the forward saved the inverse: the
-    # backward applies it, wy_fwd_gluon runs in the forward)
+    # backward applies it, wy_fwd_gluon runs in the forward); "all" leaves out the stages
+    # run by name only
+    every = {n for stage, n in kernels.items() if stage not in gluon.BY_NAME_ONLY}
     assert every - {"chunk_grads_bwd_gluon"} <= names, every - names
+    assert not {kernels[stage] for stage in gluon.BY_NAME_ONLY} & names
     assert "chunk_grads_bwd_gluon" not in names
     for a, b in zip(got, want):
         rel = ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-6))

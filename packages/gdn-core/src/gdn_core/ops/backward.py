@@ -452,14 +452,22 @@ def backward_from_recompute(
     )
 
     du_owned = workspace is None and (dv_local is None or donate)
-    if dv_local is None:
-        dv_local = gluon.pick("dv_local", dv_local_bwd, q, do, index)(
-            q, k, G, do, scale, index, group, out=ws["dv_local"])
-    state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, rec.W, do, dv_local, index)
-    dh, dvp, dh0 = state_bwd(
-        q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
-        dh0=dh0,
-    )  # dV' over dv_local: each element is rewritten by the program that read it
+    # opt-in (GDN_CORE_GLUON=fused_state): dv_local inside the state backward, one launch
+    fused = None if dv_local is not None else gluon.pick("fused_state", None, q, rec.W, do,
+                                                         index)
+    if fused is not None:
+        dh, dvp, dh0 = fused(q, k, rec.W, G, do, dht, scale, index, group, dh=ws["dh"],
+                             dv=ws["dv_local"], dh0=dh0)
+        dv_local = dvp  # dV' in dv_local's buffer, as the pair leaves it
+    else:
+        if dv_local is None:
+            dv_local = gluon.pick("dv_local", dv_local_bwd, q, do, index)(
+                q, k, G, do, scale, index, group, out=ws["dv_local"])
+        state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, rec.W, do, dv_local, index)
+        dh, dvp, dh0 = state_bwd(
+            q, k, rec.W, G, do, dv_local, dht, scale, index, group, dh=ws["dh"], dv=dv_local,
+            dh0=dh0,
+        )  # dV' over dv_local: each element is rewritten by the program that read it
     rec.W = None
     probe = (q, v, A_inv, index)
     grads = gluon.pick("grads2", gluon.pick("grads", chunk_grads_bwd, *probe), *probe)

@@ -2,9 +2,13 @@
 
 The environment variable ``GDN_CORE_GLUON`` names the stages (the keys of :data:`STAGES`:
 ``output``, ``grads``, ``grads2``, ``wy``, ``wy_apply``, ``state``, ``state_bwd``,
-``dv_local``; comma-separated, ``all``, or ``none``) whose Gluon kernel replaces the Triton
-one where it serves the call (``grads2``, the persistent chunk-gradient kernel, supersedes
-``grads``' kernel where both are asked for). Unset or empty, it means
+``dv_local``, ``fused_state``; comma-separated, ``all`` — every stage but
+:data:`BY_NAME_ONLY` — or ``none``) whose Gluon kernel
+replaces the Triton one where it serves the call (``grads2``, the persistent chunk-gradient
+kernel, supersedes ``grads``' kernel where both are asked for; ``fused_state``, the
+warp-specialised state backward with ``dv_local`` inside, supersedes the ``dv_local`` +
+``state_bwd`` pair in :func:`gdn_core.ops.backward.backward_from_recompute`). Unset or empty,
+it means
 :data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``);
 ``none`` keeps Triton everywhere. :func:`pick` chooses; elsewhere the Triton kernel runs,
 and a profile or ``record_launches`` shows which ran. A caller may also use a launcher
@@ -27,7 +31,8 @@ import importlib
 import os
 from collections.abc import Callable
 
-__all__ = ["DEFAULT_STAGES", "GLUON_ENV", "STAGES", "available", "pick", "requested"]
+__all__ = ["BY_NAME_ONLY", "DEFAULT_STAGES", "GLUON_ENV", "STAGES", "available", "pick",
+           "requested"]
 
 #: the environment variable naming the stages whose Gluon kernel is wanted
 GLUON_ENV = "GDN_CORE_GLUON"
@@ -45,6 +50,10 @@ STAGES: dict[str, tuple[str, str, str]] = {
     # the persistent chunk-gradient kernel; asked for, it replaces "grads"' kernel
     "grads2": ("chunk_grads_pipelined", "chunk_grads_bwd_gluon_pipelined",
                "gluon_chunk_grads_pipelined_supported"),
+    # dv_local inside the reverse state recurrence, warp-specialised (one launch); asked
+    # for, it replaces the "dv_local" + "state_bwd" pair where the backward runs both. Its
+    # launcher takes chunk_state_bwd's arguments less dv_local.
+    "fused_state": ("fused_state_bwd", "fused_state_bwd_gluon", "gluon_fused_state_supported"),
 }
 
 
@@ -54,18 +63,22 @@ STAGES: dict[str, tuple[str, str, str]] = {
 #: ``benchmarks/results/2026-12-02-h200-s14.md``). The others were slower there.
 DEFAULT_STAGES: frozenset[str] = frozenset({"grads"})
 
+#: stages ``all`` leaves out, run only where named: their kernels have not yet run on an
+#: H200 (``fused_state``: compiled, its GPU test and probe wait for the next device session)
+BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state"})
+
 
 def requested(stage: str) -> bool:
     """Whether :data:`GLUON_ENV` asks for the Gluon kernel of ``stage`` (a key of
-    :data:`STAGES`; the variable holds stage names, comma-separated, ``all`` or ``none``;
-    unset or empty: :data:`DEFAULT_STAGES`).
+    :data:`STAGES`; the variable holds stage names, comma-separated, ``all`` (every stage
+    but :data:`BY_NAME_ONLY`) or ``none``; unset or empty: :data:`DEFAULT_STAGES`).
 
     Raises:
         ValueError: the variable names an unknown stage (a typo must not silently
             leave the Triton kernel in place).
     """
     names = _stage_names(os.environ.get(GLUON_ENV, ""))
-    return stage in names or "all" in names
+    return stage in names or ("all" in names and stage not in BY_NAME_ONLY)
 
 
 @functools.lru_cache(maxsize=16)

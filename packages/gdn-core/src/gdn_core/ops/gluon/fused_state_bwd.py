@@ -1,0 +1,508 @@
+"""The reverse state recurrence with ``dv_local`` computed inside, warp-specialised, in
+Gluon for Hopper (sm_90a): step 1 of ``docs/fused_backward.md`` §3.
+
+Opt-in (stage ``fused_state`` of :data:`gdn_core.ops.gluon.STAGES`, not a default), K = V =
+128, chunks of 64, 16-bit inputs. One launch replaces
+:func:`~gdn_core.ops.dv_local.dv_local_bwd` followed by
+:func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`, with the latter's contract less its
+``dv_local`` argument: ``dh``, ``dv`` (= ``dV'``), ``dh0``, ``store=False``, ``need``, ``dh0``
+aliasing ``dht``. Per document, from ``dS_N = dht`` (or 0), over its chunks in reverse::
+
+    dvl_c  = round(round(scale · (Q Kᵀ ⊙ exp(G_i − G_j) ⊙ [i ≥ j])ᵀ) dO)     (today's dv_local)
+    dV'_c  = dvl_c + diag(kd) (K_c round(dS_{c+1})),   kd = exp(G_last − G)
+    dS_c   = (exp(G_last) dS_{c+1} + Q_cᵀ round(diag(scale Γ) dO_c)) − W_cᵀ round(dV'_c)
+
+**Bits.** Every product is formed by the same ``warpgroup_mma`` instructions, with the same
+operands, roundings and accumulation order as the two Gluon kernels it fuses
+(:mod:`gdn_core.ops.gluon.dv_local`: ``Pᵀ = K Qᵀ`` one ``m64n64k16`` chain of 8 k-steps, the
+masked scale, ``dvl = Pᵀ dO`` 4 k-steps of ``m64n128k16``;
+:mod:`gdn_core.ops.gluon.chunk_state_bwd`:
+the transposed chain ``Xᵀ = dSᵀ Kᵀ``, then ``exp(G_last) dSᵀ``, the Q term and the W term on
+one accumulator), and those were measured bitwise equal to the Triton kernels on the H200
+(``benchmarks/results/2026-12-02-h200-s13-call1-gluon-probes.txt``). So ``dh``, ``dV'`` and
+``dh0`` are meant to be bitwise equal to ``dv_local_bwd`` + ``chunk_state_bwd`` (Triton or
+Gluon); the GPU test checks it (``tests/test_gluon_fused_state_bwd_gpu.py``).
+
+**Grid and partitions.** One CTA per (document, value head) owns the whole 128×128 ``dSᵀ``
+in fp32 registers; ``gl.warp_specialize`` splits it into three partitions:
+
+* **S** (default, 8 warps = two warpgroups, each owning 64 value columns of ``dSᵀ``): the
+  recurrence of :mod:`~gdn_core.ops.gluon.chunk_state_bwd` statement for statement, reading
+  ``dvl`` from a shared tile A fills instead of from global memory; the ``dh`` / ``dV'``
+  stores (TMA, or masked register stores for a short chunk) and ``dh0``. It also zeroes a
+  short first chunk's foreign rows of Q, K, W, dO in shared memory, before A reads them.
+* **A** (worker, 4 warps, one warpgroup): ``dv_local`` of each chunk, as
+  :mod:`~gdn_core.ops.gluon.dv_local` forms it, rounded to the input dtype into a ring of
+  ``DSTAGES`` ``[64, 128]`` shared tiles. It runs up to ``DSTAGES`` chunks ahead of S, so
+  its products are off S's chain.
+* **P** (worker, 1 warp, 24 registers): the TMA loads of Q, K, W, dO of every chunk into
+  a ring of ``STAGES`` stages.
+
+**mbarriers** (each completes once per use of its slot; phase = use count & 1):
+``ld_ready[s]`` (P's expect-tx), ``ld_free[s]`` (count 2: S and A arrive when they are done
+with stage ``s``), ``dvl_ready[b]`` (A → S), ``dvl_free[b]`` (S → A) and ``zero_bar`` (S → A,
+once: the first chunk's tiles are final). Every arrival from a multi-warp partition
+follows ``fence_async_shared`` (where a generic shared access precedes an async one) and
+the partition-local ``thread_barrier``.
+
+**Short chunks.** Only a document's last chunk (the first processed) can be short: S
+zeroes its rows ``≥ n`` of Q, K, W, dO (a ``where``, so NaN is cleared too) before A or
+the chain read them; A masks ``Pᵀ`` as the dv_local kernel does (its rows ``≥ n`` come out
+zero), and S selects ``dvl``'s rows ``≥ n`` to +0 (the value the state kernel's zeroed
+``dv_local`` rows have). Nothing is stored past ``n``. So a document's results depend on
+its own rows only.
+
+What is done (step 1 of the design, less its probes' L2-resident variant and clock
+stamps): the three partitions, both rings, all hand-offs, the complete math and every
+output of ``chunk_state_bwd``'s contract. What is not: the design's four-partition split
+with a 4-warp S (step 2 needs the registers; here S keeps the two-warpgroup transposed
+state of the proven kernel), the ``h``/``v_new``/``A_inv`` tiles and the chunk gradients
+(step 2). Compiled for sm_90a with Triton 3.6 on a machine without a GPU; not yet run on
+one (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py fused_state``;
+bf16, group 1 and 2 alike)::
+
+    store=True:  setmaxnreg S 192 / A 104 / P 24 (the kernel at maxnreg 128, 16 warps),
+                 144 B spill stores (ptxas; in SASS 25 STL in A, 11 in S), 213,328 B shared,
+                 ~4,050 SASS instructions, 28 wgmma, 34 bar.sync
+    store=False: the same budgets, 84 B spills, 164,176 B shared
+
+(A at 128 gives S 176 and 244 B of spills, mostly S's; the non-specialised state kernel
+takes 255 registers on 8 warps.) A zero-spill S needs ~16 more registers: the ways out are
+the producer folded into A (3 warpgroups, S up to 208) or S's dvl read as 16-bit.
+
+Determinism: no atomics, each output tile owned by one CTA, fixed reduction orders.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_core.chunking import ChunkIndex
+from gdn_core.ops.gluon.chunk_state_bwd import _zero_rows
+from gdn_core.ops.gluon.lang import (
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    require_sm90,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
+from gdn_core.ops.registry import launcher
+
+__all__ = [
+    "GLUON_FUSED_STATE_A_REGS",
+    "GLUON_FUSED_STATE_DSTAGES",
+    "GLUON_FUSED_STATE_STAGES",
+    "fused_state_bwd_gluon",
+    "gluon_fused_state_supported",
+]
+
+
+#: TMA ring stages (Q, K, W, dO of one chunk each: 64 KB a stage).
+GLUON_FUSED_STATE_STAGES = 2
+#: ``dv_local`` tiles between A and S (16 KB each): how far A may run ahead.
+GLUON_FUSED_STATE_DSTAGES = 2
+#: Register budget of partition A (4 warps); P gets 24, S (8 warps) what is left of 128 a
+#: thread over the 16 warps (``(4·128 − A − 24) / 2`` a thread of each of S's warpgroups).
+GLUON_FUSED_STATE_A_REGS = 104
+_P_REGS = 24
+_MAXNREG = 128  # 16 warps (8 + 4 + 1, rounded to warpgroups) · 32 threads · 128 = 64 K
+_BT, _K, _V = 64, 128, 128
+
+
+@gluon.jit
+def _doc_span(doc_offsets, i_n, BT: gl.constexpr):
+    """``(bos, eos, n_chunks)`` of document ``i_n``."""
+    bos = gl.load(doc_offsets + i_n)
+    eos = gl.load(doc_offsets + i_n + 1)
+    return bos, eos, gl.cdiv(eos - bos, BT)
+
+
+@gluon.jit
+def _load_partition(q_desc, k_desc, w_desc, do_desc, q_s, k_s, w_s, do_s, ld_ready, ld_free,
+                    doc_offsets, i_n, tk, tw, tv, BT: gl.constexpr, STAGES: gl.constexpr):
+    """P: the four TMA loads of every chunk (last first) into the ring, each stage as soon
+    as S and A have released it."""
+    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
+    for it in range(0, n_chunks):
+        s = it % STAGES
+        mbarrier.wait(ld_free.index(s), ((it // STAGES) & 1) ^ 1)
+        t0 = bos + (n_chunks - 1 - it) * BT
+        bar = ld_ready.index(s)
+        mbarrier.expect(bar, 3 * q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(k_desc, [t0, tk], bar, k_s.index(s))
+        tma.async_copy_global_to_shared(q_desc, [t0, tk], bar, q_s.index(s))
+        tma.async_copy_global_to_shared(w_desc, [t0, tw], bar, w_s.index(s))
+        tma.async_copy_global_to_shared(do_desc, [t0, tv], bar, do_s.index(s))
+
+
+@gluon.jit
+def _dvl_partition(q_s, k_s, do_s, dvl_s, ld_ready, ld_free, dvl_ready, dvl_free, zero_bar,
+                   G, doc_offsets, i_n, i_hv, HV, scale, BT: gl.constexpr, V: gl.constexpr,
+                   STAGES: gl.constexpr, DSTAGES: gl.constexpr):
+    """A: ``dvl = round(round(scale · (K Qᵀ ⊙ decay ⊙ mask)) dO)`` of every chunk, the
+    statements of :mod:`~gdn_core.ops.gluon.dv_local`, into the ``dvl`` ring."""
+    dtype: gl.constexpr = q_s.dtype
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
+    a_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=a_layout, k_width=2)
+    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
+    rj = gl.arange(0, BT, layout=gl.SliceLayout(1, s_layout))
+    ci = gl.arange(0, BT, layout=gl.SliceLayout(0, s_layout))
+    # the first chunk's tiles are read only once S has zeroed a short chunk's foreign rows
+    mbarrier.wait(zero_bar, 0, pred=n_chunks > 0)
+    for it in range(0, n_chunks):
+        s = it % STAGES
+        t0 = bos + (n_chunks - 1 - it) * BT
+        n = gl.minimum(eos - t0, BT)
+        p_g = G + (t0.to(gl.int64) * HV + i_hv)
+        g_j = gl.load(p_g + rj * HV, mask=rj < n, other=0.0)
+        g_i = gl.load(p_g + ci * HV, mask=ci < n, other=0.0)
+        mbarrier.wait(ld_ready.index(s), (it // STAGES) & 1)
+        s_acc = warpgroup_mma(k_s.index(s), q_s.index(s).permute((1, 0)),
+                              gl.zeros([BT, BT], gl.float32, s_layout), use_acc=False,
+                              is_async=True)
+        s_acc = warpgroup_mma_wait(0, deps=[s_acc, k_s.index(s), q_s.index(s)])[0]
+        causal = (ci[None, :] >= rj[:, None]) & (ci[None, :] < n)
+        decay = gl.exp(gl.where(causal, g_i[None, :] - g_j[:, None], 0.0))
+        p = gl.where(causal, s_acc * decay * scale, 0.0)
+        p = gl.convert_layout(p.to(dtype), p_layout)
+        acc = warpgroup_mma(p, do_s.index(s), gl.zeros([BT, V], gl.float32, a_layout),
+                            use_acc=False, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=[acc, do_s.index(s)])[0]
+        gl.thread_barrier()  # every warp's MMA is done with stage s
+        mbarrier.arrive(ld_free.index(s), count=1)
+        out = acc.to(dtype)
+        b = it % DSTAGES
+        mbarrier.wait(dvl_free.index(b), ((it // DSTAGES) & 1) ^ 1)
+        dvl_s.index(b).store(out)
+        gl.thread_barrier()
+        mbarrier.arrive(dvl_ready.index(b), count=1)
+
+
+@gluon.jit
+def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, dvl_ready,
+                     dvl_free, zero_bar, dv_desc, dh_desc, G, dht, dv, dh0, doc_offsets,
+                     doc_chunk_offsets, i_n, i_hv, HV, tv, scale, K: gl.constexpr,
+                     V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
+                     DSTAGES: gl.constexpr, USE_DHT: gl.constexpr, STORE: gl.constexpr):
+    """S (default, 8 warps): the recurrence of :mod:`~gdn_core.ops.gluon.chunk_state_bwd`
+    at ``BV = 128``, statement for statement, with ``dv_local`` from A's ring."""
+    gl.static_assert(gl.num_warps() == 8)
+    dtype: gl.constexpr = q_s.dtype
+    BV: gl.constexpr = V
+    L64: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, BT, 16])
+    L128: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[8, 1], instr_shape=[16, K, 16])
+    A64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64, k_width=2)
+    A128: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L128, k_width=2)
+    TOK: gl.constexpr = gl.SliceLayout(0, L64)
+    IO: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[8, 1], order=[1, 0])
+
+    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
+    c0 = gl.load(doc_chunk_offsets + i_n)
+
+    # --- dSᵀ from dht (or 0): rows = value columns, columns = keys
+    rv = gl.arange(0, BV, layout=gl.SliceLayout(1, L128))
+    ck = gl.arange(0, K, layout=gl.SliceLayout(0, L128))
+    off_state = (i_n.to(gl.int64) * HV + i_hv) * (K * V)
+    off_t = ck[None, :] * V + rv[:, None]
+    if USE_DHT:
+        ds = gl.load(dht + off_state + off_t).to(gl.float32)
+    else:
+        ds = gl.zeros([BV, K], gl.float32, L128)
+
+    # --- the first chunk: zero a short chunk's foreign rows (before A reads them)
+    tok = gl.arange(0, BT, layout=TOK)
+    rv64 = gl.arange(0, BV, layout=gl.SliceLayout(1, L64))
+    L0 = gl.minimum(eos - (bos + (n_chunks - 1) * BT), BT)
+    if n_chunks > 0:
+        mbarrier.wait(ld_ready.index(0), 0)
+        if L0 < BT:
+            _zero_rows(q_s.index(0), L0, BT, K, IO)
+            _zero_rows(k_s.index(0), L0, BT, K, IO)
+            _zero_rows(w_s.index(0), L0, BT, K, IO)
+            _zero_rows(do_s.index(0), L0, BT, BV, IO)
+            fence_async_shared()
+        gl.thread_barrier()
+    mbarrier.arrive(zero_bar, count=1)
+    t0 = bos + (n_chunks - 1) * BT
+    p_g = G + (t0.to(gl.int64) * HV + i_hv)
+    g = gl.load(p_g + tok * HV, mask=(tok < L0) & (n_chunks > 0), other=0.0)
+    g_last = gl.load(p_g + (L0 - 1) * HV, mask=n_chunks > 0, other=0.0)
+    dot = do_s.index(0).permute((1, 0)).load(L64).to(gl.float32)
+    dos = gl.convert_layout((dot * gl.where(tok < L0, gl.exp(g) * scale, 0.0)[None, :]).to(dtype),
+                            A128)
+
+    for it in range(0, n_chunks):
+        s = it % STAGES
+        b = it % DSTAGES
+        ic = n_chunks - 1 - it
+        t0 = bos + ic * BT
+        L = gl.minimum(eos - t0, BT)
+        # ---- the chain: Xᵀ = dSᵀ Kᵀ, then the Q term behind it on the tensor cores
+        dsb = ds.to(dtype)
+        if STORE:
+            dh_s.permute((1, 0)).store(dsb)  # dh[c] = dS_{c+1}
+        xa = gl.convert_layout(dsb, A64)
+        acc = ds * gl.exp(g_last)
+        x = warpgroup_mma(xa, k_s.index(s).permute((1, 0)), gl.zeros([BV, BT], gl.float32, L64),
+                          use_acc=False, is_async=True)
+        acc = warpgroup_mma(dos, q_s.index(s), acc, is_async=True)
+        # this chunk's dv_local from A (rows >= L selected to +0, the state kernel's value)
+        mbarrier.wait(dvl_ready.index(b), (it // DSTAGES) & 1)
+        x = warpgroup_mma_wait(1, deps=[x, k_s.index(s), xa])[0]
+        kd = gl.where(tok < L, gl.exp(g_last - g), 0.0)
+        dvlt = dvl_s.index(b).permute((1, 0)).load(L64).to(gl.float32)
+        dvlt = gl.where((tok < L)[None, :], dvlt, 0.0)
+        dvp = x * kd[None, :] + dvlt  # dV'ᵀ
+        gl.thread_barrier()
+        mbarrier.arrive(dvl_free.index(b), count=1)
+        dva = gl.convert_layout((-dvp).to(dtype), A128)
+        dvb = dvp.to(dtype)
+        acc = warpgroup_mma_wait(0, deps=[acc, q_s.index(s), dos])[0]
+        acc = warpgroup_mma(dva, w_s.index(s), acc, is_async=True)
+        # next chunk's G (plain loads, while the W term runs)
+        has_next = it + 1 < n_chunks
+        p_g = G + ((t0 - BT).to(gl.int64) * HV + i_hv)
+        g = gl.load(p_g + tok * HV, mask=(tok < BT) & has_next, other=0.0)
+        g_last = gl.load(p_g + (BT - 1) * HV, mask=has_next, other=0.0)
+        # ---- off the chain: this chunk's stores, the next chunk's Q-term operand
+        if STORE:
+            if L < BT:
+                p_dv = dv + (t0.to(gl.int64) * HV + i_hv) * V
+                gl.store(p_dv + tok[None, :] * (HV * V) + rv64[:, None], dvb,
+                         mask=(tok[None, :] < L) & (rv64[:, None] < BV))
+            else:
+                dv_s.permute((1, 0)).store(dvb)
+            fence_async_shared()
+            gl.thread_barrier()
+            tma.async_copy_shared_to_global(dh_desc, [((c0 + ic) * HV + i_hv) * K, 0], dh_s)
+            if L == BT:
+                tma.async_copy_shared_to_global(dv_desc, [t0, tv], dv_s)
+        sn = (it + 1) % STAGES
+        mbarrier.wait(ld_ready.index(sn), ((it + 1) // STAGES) & 1, pred=has_next)
+        dot = do_s.index(sn).permute((1, 0)).load(L64).to(gl.float32)
+        dos = gl.convert_layout((dot * (gl.exp(g) * scale)[None, :]).to(dtype), A128)
+        ds = warpgroup_mma_wait(0, deps=[acc, w_s.index(s), dva])[0]
+        # ---- release stage s to P (and the staging tiles to the next iteration)
+        if STORE:
+            tma.store_wait(0)
+        fence_async_shared()  # the generic reads of do_s[s] before P's next TMA write
+        gl.thread_barrier()
+        mbarrier.arrive(ld_free.index(s), count=1)
+
+    # dh0 = dS_0 (offsets recomputed through an opaque zero, as the state kernel does)
+    zero = gl.load(doc_offsets + i_n + 1) - eos
+    off_e = (ck + zero)[None, :] * V + rv[:, None]
+    gl.store(dh0 + off_state + off_e, ds)
+
+
+@gluon.jit
+def _fused_state_bwd_gluon_kernel(
+    q_desc, k_desc, w_desc, do_desc, dv_desc, dh_desc,
+    G, dht, dv, dh0, doc_offsets, doc_chunk_offsets, need, scale, HV,
+    GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+    STAGES: gl.constexpr, DSTAGES: gl.constexpr, USE_DHT: gl.constexpr,
+    HAS_NEED: gl.constexpr, STORE: gl.constexpr, A_REGS: gl.constexpr, P_REGS: gl.constexpr,
+):
+    gl.static_assert(STAGES >= 2)
+    gl.static_assert(DSTAGES >= 1)
+    i_hv = gl.program_id(0)
+    i_n = gl.program_id(1)
+    i_h = i_hv // GROUP
+    if HAS_NEED:
+        if gl.load(need + i_n) == 0:
+            return
+    dtype: gl.constexpr = q_desc.dtype
+
+    # --- shared memory: the TMA ring, the dv_local ring, the store staging tiles
+    q_s = gl.allocate_shared_memory(dtype, [STAGES, BT, K], q_desc.layout)
+    k_s = gl.allocate_shared_memory(dtype, [STAGES, BT, K], k_desc.layout)
+    w_s = gl.allocate_shared_memory(dtype, [STAGES, BT, K], w_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [STAGES, BT, V], do_desc.layout)
+    dvl_s = gl.allocate_shared_memory(dtype, [DSTAGES, BT, V], do_desc.layout)
+    if STORE:
+        dh_s = gl.allocate_shared_memory(dtype, [K, V], dh_desc.layout)
+        dv_s = gl.allocate_shared_memory(dtype, [BT, V], dv_desc.layout)
+    else:  # never touched: STORE is a constexpr of the state partition too
+        dh_s = dvl_s
+        dv_s = dvl_s
+    ld_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ld_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    dvl_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES, 1], mbarrier.MBarrierLayout())
+    dvl_free = gl.allocate_shared_memory(gl.int64, [DSTAGES, 1], mbarrier.MBarrierLayout())
+    zero_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(STAGES):
+        mbarrier.init(ld_ready.index(i), count=1)
+        mbarrier.init(ld_free.index(i), count=2)  # S and A
+    for i in gl.static_range(DSTAGES):
+        mbarrier.init(dvl_ready.index(i), count=1)
+        mbarrier.init(dvl_free.index(i), count=1)
+    mbarrier.init(zero_bar, count=1)
+    fence_async_shared()
+
+    tk = i_h * K
+    tw = i_hv * K
+    tv = i_hv * V
+    gl.warp_specialize([
+        (_state_partition, (q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free,
+                            dvl_ready, dvl_free, zero_bar, dv_desc, dh_desc, G, dht, dv, dh0,
+                            doc_offsets, doc_chunk_offsets, i_n, i_hv, HV, tv, scale, K, V, BT,
+                            STAGES, DSTAGES, USE_DHT, STORE)),
+        (_dvl_partition, (q_s, k_s, do_s, dvl_s, ld_ready, ld_free, dvl_ready, dvl_free,
+                          zero_bar, G, doc_offsets, i_n, i_hv, HV, scale, BT, V, STAGES,
+                          DSTAGES)),
+        (_load_partition, (q_desc, k_desc, w_desc, do_desc, q_s, k_s, w_s, do_s, ld_ready,
+                           ld_free, doc_offsets, i_n, tk, tw, tv, BT, STAGES)),
+    ], [4, 1], [A_REGS, P_REGS])
+
+
+_FUSED_STATE_BWD_GLUON_KERNEL = cached_launch(_fused_state_bwd_gluon_kernel)
+
+
+def gluon_fused_state_supported(q: torch.Tensor, W: torch.Tensor, do: torch.Tensor,
+                                index: ChunkIndex) -> bool:
+    """Whether :func:`fused_state_bwd_gluon` serves these shapes and dtypes (the device is
+    not checked, nor the other tensors): K = V = 128, chunks of 64, q, W, do of one 16-bit
+    dtype."""
+    return (q.shape[-1] == _K and do.shape[-1] == _V and index.chunk_size == _BT
+            and q.dtype in (torch.bfloat16, torch.float16)
+            and W.dtype == q.dtype and do.dtype == q.dtype)
+
+
+def _descriptors(q, k, W, do, dv, dh) -> dict:
+    """TMA descriptors over the 2-D views the kernel tiles (CPU tensors suffice, for
+    :mod:`tools.sm90_report`). ``dh``: ``[NT, HV, K, V]`` or any 16-bit tensor of ``K·V``
+    elements a row group when nothing is stored."""
+    K, V = q.shape[-1], do.shape[-1]
+    return dict(
+        q_desc=descriptor(rows_view(q), [_BT, K]),
+        k_desc=descriptor(rows_view(k), [_BT, K]),
+        w_desc=descriptor(rows_view(W), [_BT, K]),
+        do_desc=descriptor(rows_view(do), [_BT, V]),
+        dv_desc=descriptor(rows_view(dv), [_BT, V]),
+        dh_desc=descriptor(rows_view(dh.reshape(-1, V)), [K, V]),
+    )
+
+
+def _check_buffer(name: str, buf: torch.Tensor, shape: tuple, dtype: torch.dtype) -> None:
+    if (tuple(buf.shape) != shape or buf.dtype != dtype or not buf.is_contiguous()
+            or buf.data_ptr() % 16 != 0):
+        raise ValueError(f"{name} must be a contiguous, 16-byte aligned {dtype} {shape}, got "
+                         f"{buf.dtype} {tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
+
+
+@launcher(uses_atomics=False, kernels=(_fused_state_bwd_gluon_kernel,))
+def fused_state_bwd_gluon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    W: torch.Tensor,
+    G: torch.Tensor,
+    do: torch.Tensor,
+    dht: torch.Tensor | None,
+    scale: float,
+    index: ChunkIndex,
+    group: int,
+    dh: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+    *,
+    store: bool = True,
+    need: torch.Tensor | None = None,
+    dh0: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
+    """``dv_local_bwd`` + ``chunk_state_bwd`` in one warp-specialised Gluon launch (opt-in).
+
+    The contract of :func:`gdn_core.ops.chunk_state_bwd.chunk_state_bwd` without its
+    ``dv_local`` argument (computed inside): ``q, k: [T,H,128]``; ``W: [T,HV,128]``; ``G:
+    [T,HV]`` fp32 (another float dtype is cast); ``do: [T,HV,128]``; ``dht:
+    [N,HV,128,128]`` (any float dtype) or ``None``; ``q, k, W, do`` in one 16-bit dtype.
+    ``dh``/``dv`` may supply the result buffers, ``dh0`` that of ``dh0`` (may be ``dht``).
+    ``store=False``: only ``dh0``; ``need``: int32 ``[N]``, documents with ``need == 0``
+    skipped (their ``dh0`` rows unwritten).
+
+    Returns:
+        ``(dh [NT,HV,K,V], dv [T,HV,V])`` in q's dtype (``None, None`` when
+        ``store=False``) and ``dh0 [N,HV,K,V]`` fp32; bitwise what ``dv_local_bwd`` then
+        ``chunk_state_bwd`` return (by construction; checked on the GPU).
+
+    Raises:
+        ValueError: shapes that do not match, K or V not 128, chunks not of 64, the tiled
+            tensors not of one 16-bit dtype, a ``need``/``dh``/``dv``/``dh0`` buffer of
+            another shape or dtype (or not contiguous and 16-byte aligned), or more rows
+            than TMA's int32 coordinates address.
+        RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
+    """
+    T, H, K = k.shape
+    HV, V = do.shape[1], do.shape[2]
+    N, NT = index.num_docs, index.num_chunks
+    if (
+        tuple(q.shape) != (T, H, K)
+        or HV != H * group
+        or do.shape[0] != T
+        or tuple(W.shape) != (T, HV, K)
+        or tuple(G.shape) != (T, HV)
+        or (dht is not None and tuple(dht.shape) != (N, HV, K, V))
+        or T != index.total_tokens
+    ):
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, W {tuple(W.shape)}, "
+            f"G {tuple(G.shape)}, do {tuple(do.shape)}, "
+            f"dht {None if dht is None else tuple(dht.shape)}, group {group}, docs {N}")
+    if (K, V) != (_K, _V) or index.chunk_size != _BT:
+        raise ValueError(f"the Gluon fused state-backward kernel serves K = V = {_K} and "
+                         f"chunks of {_BT}, got K={K}, V={V}, chunk size {index.chunk_size}")
+    tiled = (q, k, W, do)
+    if q.dtype not in (torch.bfloat16, torch.float16) or any(x.dtype != q.dtype for x in tiled):
+        raise ValueError("the Gluon fused state-backward kernel takes q, k, W, do in one "
+                         "16-bit dtype, got " + ", ".join(str(x.dtype) for x in tiled))
+    if max(T, NT * HV * K) >= 2**31:
+        raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
+    if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
+        raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
+    dev = k.device
+    if not store:
+        dh = dv = None
+    else:
+        if dh is not None:
+            _check_buffer("dh", dh, (NT, HV, K, V), k.dtype)
+        if dv is not None:
+            _check_buffer("dv", dv, (T, HV, V), k.dtype)
+    if dh0 is not None:
+        _check_buffer("dh0", dh0, (N, HV, K, V), torch.float32)
+    require_sm90(dev, "the Gluon fused state-backward kernel")
+    if store:
+        dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=dev) if dh is None else dh
+        dv = torch.empty(T, HV, V, dtype=k.dtype, device=dev) if dv is None else dv
+    if dh0 is None:
+        dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+    if N == 0 or HV == 0:
+        return dh, dv, dh0
+    if dht is not None:
+        dht = dht.contiguous()
+    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
+    if T == 0:  # every document is empty: dh0 = dht (or 0), nothing to tile
+        want = slice(None) if need is None else need.to(dev) != 0
+        dh0[want] = 0.0 if dht is None else dht.to(dev, torch.float32)[want]
+        return dh, dv, dh0
+    # descriptors the kernel never uses (store=False) still need a 16-bit tensor
+    dummy = None if store else torch.empty(K, V, dtype=q.dtype, device=dev)
+    descs = _descriptors(q, k, W, do, dv if store else do, dh if store else dummy)
+    _FUSED_STATE_BWD_GLUON_KERNEL[(HV, N)](
+        *descs.values(), G, dht if dht is not None else dh0, dv if store else dh0, dh0,
+        index.doc_offsets, index.doc_chunk_offsets,
+        need if need is not None else index.doc_chunk_offsets, float(scale), HV,
+        GROUP=group, K=K, V=V, BT=_BT, STAGES=GLUON_FUSED_STATE_STAGES,
+        DSTAGES=GLUON_FUSED_STATE_DSTAGES, USE_DHT=dht is not None,
+        HAS_NEED=need is not None, STORE=store, A_REGS=GLUON_FUSED_STATE_A_REGS,
+        P_REGS=_P_REGS, num_warps=8, maxnreg=_MAXNREG,
+    )
+    return dh, dv, dh0
