@@ -2,7 +2,7 @@
 # The next session's device calls, on main. Session 15 could not run its call 6 (no device
 # time left after a refused start); this script holds it and the rest of the plan.
 #
-#   call 1 (~480 s, carry [".old"] after `git worktree add .old 9eb52c5`):
+#   call 1 (~540 s, carry [".old"] after `git worktree add .old 9eb52c5`):
 #       bash tools/h200_s16_validate.sh 1
 #       every gpu-marked test of the four GDN packages (session 15: 361 passed, 1 failed in a
 #       test that recorded one thread only, fixed; new since then: the WY register inverse's,
@@ -56,9 +56,15 @@ step1() {
   timeout ${TEST_TIMEOUT:-420} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
     -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra packages/gdn-core/tests \
     packages/gdn-det-train/tests packages/gdn-train/tests packages/gdn-det-train-kcp/tests \
+    --ignore=packages/gdn-core/tests/test_gluon_fused_state_bwd_gpu.py \
     > "$LOG/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -cE "PASSED" "$LOG/gpu_tests.log"
   grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/gpu_tests.log" | sort | uniq | tail -25
+  # the warp-specialised fused state backward has never run: alone, under its own limit (a
+  # wrong mbarrier count would hang, not fail)
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
+    packages/gdn-core/tests/test_gluon_fused_state_bwd_gpu.py > "$LOG/fused_state_tests.log" 2>&1
+  echo "fused state tests exit $? (124: timed out, a hang)"; tail -3 "$LOG/fused_state_tests.log"
   e2e new "$PACKED"
   local old; old=$(ls -d "$PWD"/.old/packages/*/src 2>/dev/null | tr '\n' ':')
   if [[ -n $old ]]; then PYTHONPATH="${old%:}" e2e old "$PACKED"; else echo "no .old carried"; fi
@@ -86,7 +92,7 @@ probes() {  # the opt-in kernels' probes (time, bits, errors); each prints one t
   timeout 90 python3 benchmarks/wy_inverse_probe.py > "$LOG/wy_inverse_probe.txt" 2>&1
   echo "wy probe exit $?"; cut -c1-200 "$LOG/wy_inverse_probe.txt" | tail -24
   if [[ -f benchmarks/gluon_fused_state_probe.py ]]; then
-    timeout 100 python3 benchmarks/gluon_fused_state_probe.py > "$LOG/fused_state_probe.txt" 2>&1
+    timeout 100 python3 benchmarks/gluon_fused_state_probe.py > "$LOG/fused_state_probe.txt" 2>&1  # skip if call 1's tests hung
     echo "fused state probe exit $?"; cut -c1-200 "$LOG/fused_state_probe.txt" | tail -24
   fi
 }
