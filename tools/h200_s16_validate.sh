@@ -62,7 +62,7 @@ step1() {
   grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/gpu_tests.log" | sort | uniq | tail -25
   # the warp-specialised fused state backward has never run: alone, under its own limit (a
   # wrong mbarrier count would hang, not fail)
-  timeout 240 python3 -m pytest -q -x -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
+  timeout 150 python3 -m pytest -q -x -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
     packages/gdn-core/tests/test_gluon_fused_state_bwd_gpu.py > "$LOG/fused_state_tests.log" 2>&1
   echo "fused state tests exit $? (124: timed out, a hang)"; tail -3 "$LOG/fused_state_tests.log"
   e2e new "$PACKED"
