@@ -508,7 +508,7 @@ def fused_state_reports() -> None:
                 fs._fused_state_bwd_gluon_kernel, args,
                 dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=fs.GLUON_FUSED_STATE_STAGES,
                      DSTAGES=fs.GLUON_FUSED_STATE_DSTAGES, USE_DHT=True, HAS_NEED=has_need,
-                     STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, P_REGS=fs._P_REGS),
+                     STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS),
                 num_warps=8, maxnreg=fs._MAXNREG)
             ptx = out["ptx"]
             regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)

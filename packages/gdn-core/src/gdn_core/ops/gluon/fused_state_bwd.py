@@ -24,26 +24,29 @@ one accumulator), and those were measured bitwise equal to the Triton kernels on
 Gluon); the GPU test checks it (``tests/test_gluon_fused_state_bwd_gpu.py``).
 
 **Grid and partitions.** One CTA per (document, value head) owns the whole 128×128 ``dSᵀ``
-in fp32 registers; ``gl.warp_specialize`` splits it into three partitions:
+in fp32 registers; ``gl.warp_specialize`` splits it into two partitions (three
+warpgroups, 12 warps):
 
 * **S** (default, 8 warps = two warpgroups, each owning 64 value columns of ``dSᵀ``): the
   recurrence of :mod:`~gdn_core.ops.gluon.chunk_state_bwd` statement for statement, reading
   ``dvl`` from a shared tile A fills instead of from global memory; the ``dh`` / ``dV'``
   stores (TMA, or masked register stores for a short chunk) and ``dh0``. It also zeroes a
-  short first chunk's foreign rows of Q, K, W, dO in shared memory, before A reads them.
+  short first chunk's foreign rows of Q, K, W, dO in shared memory, before A reads them,
+  and issues the TMA loads of Q, K, W, dO of every chunk into a ring of ``STAGES`` stages:
+  the first ``STAGES`` before the loop, then the stage of chunk ``c − 1`` refilled with
+  chunk ``c − 1 + STAGES`` right after chunk ``c``'s first two MMAs are issued (behind
+  them, off the chain). A is done with that stage by then: its MMAs on it were waited
+  before its ``dvl_ready`` arrival for chunk ``c − 1``, which S waited on.
 * **A** (worker, 4 warps, one warpgroup): ``dv_local`` of each chunk, as
   :mod:`~gdn_core.ops.gluon.dv_local` forms it, rounded to the input dtype into a ring of
   ``DSTAGES`` ``[64, 128]`` shared tiles. It runs up to ``DSTAGES`` chunks ahead of S, so
   its products are off S's chain.
-* **P** (worker, 1 warp, 24 registers): the TMA loads of Q, K, W, dO of every chunk into
-  a ring of ``STAGES`` stages.
 
 **mbarriers** (each completes once per use of its slot; phase = use count & 1):
-``ld_ready[s]`` (P's expect-tx), ``ld_free[s]`` (count 2: S and A arrive when they are done
-with stage ``s``), ``dvl_ready[b]`` (A → S), ``dvl_free[b]`` (S → A) and ``zero_bar`` (S → A,
-once: the first chunk's tiles are final). Every arrival from a multi-warp partition
-follows ``fence_async_shared`` (where a generic shared access precedes an async one) and
-the partition-local ``thread_barrier``.
+``ld_ready[s]`` (S's expect-tx; S and A wait on it), ``dvl_ready[b]`` (A → S),
+``dvl_free[b]`` (S → A) and ``zero_bar`` (S → A, once: the first chunk's tiles are final).
+Every arrival from a multi-warp partition follows ``fence_async_shared`` (where a generic
+shared access precedes an async one) and the partition-local ``thread_barrier``.
 
 **Short chunks.** Only a document's last chunk (the first processed) can be short: S
 zeroes its rows ``≥ n`` of Q, K, W, dO (a ``where``, so NaN is cleared too) before A or
@@ -53,7 +56,7 @@ zero), and S selects ``dvl``'s rows ``≥ n`` to +0 (the value the state kernel'
 its own rows only.
 
 What is done (step 1 of the design, less its probes' L2-resident variant and clock
-stamps): the three partitions, both rings, all hand-offs, the complete math and every
+stamps): the partitions, both rings, all hand-offs, the complete math and every
 output of ``chunk_state_bwd``'s contract. What is not: the design's four-partition split
 with a 4-warp S (step 2 needs the registers; here S keeps the two-warpgroup transposed
 state of the proven kernel), the ``h``/``v_new``/``A_inv`` tiles and the chunk gradients
@@ -61,14 +64,27 @@ state of the proven kernel), the ``h``/``v_new``/``A_inv`` tiles and the chunk g
 one (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py fused_state``;
 bf16, group 1 and 2 alike)::
 
-    store=True:  setmaxnreg S 192 / A 104 / P 24 (the kernel at maxnreg 128, 16 warps),
-                 144 B spill stores (ptxas; in SASS 25 STL in A, 11 in S), 213,328 B shared,
-                 ~4,050 SASS instructions, 28 wgmma, 34 bar.sync
-    store=False: the same budgets, 84 B spills, 164,176 B shared
+    store=True:  setmaxnreg S 200 / A 104 (the kernel at maxnreg 168, 12 warps), 16 B spill
+                 stores (ptxas; in SASS 2 STL.64 in A, none in S), 213,564 B shared,
+                 3,624 SASS instructions (3,632 at group 2), 28 wgmma, 43 bar.sync
+    store=False: the same budgets, 16 B spills (A's), 164,412 B shared, 3,136 SASS
 
-(A at 128 gives S 176 and 244 B of spills, mostly S's; the non-specialised state kernel
-takes 255 registers on 8 warps.) A zero-spill S needs ~16 more registers: the ways out are
-the producer folded into A (3 warpgroups, S up to 208) or S's dvl read as 16-bit.
+Before (session 15's first version: P a third partition of 1 warp at 24 registers, 16
+warps at maxnreg 128, S / A / P = 192 / 104 / 24): store=True 144 B of spill stores (25
+STL in A, 11 in S, on S's chain), 213,328 B shared, 4,048 SASS, 34 bar.sync; store=False
+84 B (A's), 164,176 B, 3,592 SASS. Nearly all of those spills were loop-invariant 64-bit
+offsets of the ``G`` gathers (``tok·HV``, ``ci·HV``, ``rj·HV``: one address a value in
+the MMA layouts, 16-18 per thread, hoisted and spilled); ``G`` is now loaded one value a
+thread and ``convert_layout``-ed (through shared memory) into the layouts the math uses,
+the same values. Folding P into S (no 1-warp warpgroup padded to 4) gives S 200 where 16
+warps gave 192: ``2·S + A ≤ 3·168``. A spills its last 16 B at 104 (the RS-wgmma operand
+``p`` around its first k-step) and none at 112, but then S gets 192 and spills 96 B with
+``store``; S reads ``dvl`` as 16-bit already (a bf16 ``ldmatrix`` of the ring). The
+bar.sync count rose with the ``convert_layout`` s (2 a chunk in S, 2 in A) and the
+barriers Triton's membar pass puts between the four TMA copies of a stage (4 a chunk in
+S, issued behind the chain's first two MMAs); A lost its ``ld_free`` barrier. The
+arithmetic of the PTX is unchanged (the same counts of fma/mul/sub/ex2/selp/cvt and wgmma
+as before). The non-specialised state kernel takes 255 registers on 8 warps.
 
 Determinism: no atomics, each output tile owned by one CTA, fixed reduction orders.
 """
@@ -106,11 +122,10 @@ __all__ = [
 GLUON_FUSED_STATE_STAGES = 2
 #: ``dv_local`` tiles between A and S (16 KB each): how far A may run ahead.
 GLUON_FUSED_STATE_DSTAGES = 2
-#: Register budget of partition A (4 warps); P gets 24, S (8 warps) what is left of 128 a
-#: thread over the 16 warps (``(4·128 − A − 24) / 2`` a thread of each of S's warpgroups).
+#: Register budget of partition A (4 warps, a multiple of 8); S (8 warps) gets what is left
+#: of 168 a thread over the 12 warps (``(3·168 − A) / 2``, rounded down to 8: 200 at 104).
 GLUON_FUSED_STATE_A_REGS = 104
-_P_REGS = 24
-_MAXNREG = 128  # 16 warps (8 + 4 + 1, rounded to warpgroups) · 32 threads · 128 = 64 K
+_MAXNREG = 168  # 12 warps (8 + 4) · 32 threads · 168 = 64,512 ≤ 64 K
 _BT, _K, _V = 64, 128, 128
 
 
@@ -123,25 +138,17 @@ def _doc_span(doc_offsets, i_n, BT: gl.constexpr):
 
 
 @gluon.jit
-def _load_partition(q_desc, k_desc, w_desc, do_desc, q_s, k_s, w_s, do_s, ld_ready, ld_free,
-                    doc_offsets, i_n, tk, tw, tv, BT: gl.constexpr, STAGES: gl.constexpr):
-    """P: the four TMA loads of every chunk (last first) into the ring, each stage as soon
-    as S and A have released it."""
-    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
-    for it in range(0, n_chunks):
-        s = it % STAGES
-        mbarrier.wait(ld_free.index(s), ((it // STAGES) & 1) ^ 1)
-        t0 = bos + (n_chunks - 1 - it) * BT
-        bar = ld_ready.index(s)
-        mbarrier.expect(bar, 3 * q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(k_desc, [t0, tk], bar, k_s.index(s))
-        tma.async_copy_global_to_shared(q_desc, [t0, tk], bar, q_s.index(s))
-        tma.async_copy_global_to_shared(w_desc, [t0, tw], bar, w_s.index(s))
-        tma.async_copy_global_to_shared(do_desc, [t0, tv], bar, do_s.index(s))
+def _issue_loads(q_desc, k_desc, w_desc, do_desc, bar, q_s, k_s, w_s, do_s, t0, tk, tw, tv):
+    """The four TMA loads of one chunk into one ring stage, on its mbarrier."""
+    mbarrier.expect(bar, 3 * q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [t0, tk], bar, k_s)
+    tma.async_copy_global_to_shared(q_desc, [t0, tk], bar, q_s)
+    tma.async_copy_global_to_shared(w_desc, [t0, tw], bar, w_s)
+    tma.async_copy_global_to_shared(do_desc, [t0, tv], bar, do_s)
 
 
 @gluon.jit
-def _dvl_partition(q_s, k_s, do_s, dvl_s, ld_ready, ld_free, dvl_ready, dvl_free, zero_bar,
+def _dvl_partition(q_s, k_s, do_s, dvl_s, ld_ready, dvl_ready, dvl_free, zero_bar,
                    G, doc_offsets, i_n, i_hv, HV, scale, BT: gl.constexpr, V: gl.constexpr,
                    STAGES: gl.constexpr, DSTAGES: gl.constexpr):
     """A: ``dvl = round(round(scale · (K Qᵀ ⊙ decay ⊙ mask)) dO)`` of every chunk, the
@@ -155,6 +162,11 @@ def _dvl_partition(q_s, k_s, do_s, dvl_s, ld_ready, ld_free, dvl_ready, dvl_free
     bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
     rj = gl.arange(0, BT, layout=gl.SliceLayout(1, s_layout))
     ci = gl.arange(0, BT, layout=gl.SliceLayout(0, s_layout))
+    # G is gathered one value a thread and moved into the MMA layouts (the same values):
+    # gathered in those layouts, its 18 hoisted 64-bit offsets a thread spilled
+    G1: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
+                                        warps_per_cta=[4], order=[0])
+    r1 = gl.arange(0, BT, layout=G1)
     # the first chunk's tiles are read only once S has zeroed a short chunk's foreign rows
     mbarrier.wait(zero_bar, 0, pred=n_chunks > 0)
     for it in range(0, n_chunks):
@@ -162,8 +174,9 @@ def _dvl_partition(q_s, k_s, do_s, dvl_s, ld_ready, ld_free, dvl_ready, dvl_free
         t0 = bos + (n_chunks - 1 - it) * BT
         n = gl.minimum(eos - t0, BT)
         p_g = G + (t0.to(gl.int64) * HV + i_hv)
-        g_j = gl.load(p_g + rj * HV, mask=rj < n, other=0.0)
-        g_i = gl.load(p_g + ci * HV, mask=ci < n, other=0.0)
+        g1 = gl.load(p_g + r1 * HV, mask=r1 < n, other=0.0)
+        g_j = gl.convert_layout(g1, gl.SliceLayout(1, s_layout))
+        g_i = gl.convert_layout(g1, gl.SliceLayout(0, s_layout))
         mbarrier.wait(ld_ready.index(s), (it // STAGES) & 1)
         s_acc = warpgroup_mma(k_s.index(s), q_s.index(s).permute((1, 0)),
                               gl.zeros([BT, BT], gl.float32, s_layout), use_acc=False,
@@ -176,20 +189,19 @@ def _dvl_partition(q_s, k_s, do_s, dvl_s, ld_ready, ld_free, dvl_ready, dvl_free
         acc = warpgroup_mma(p, do_s.index(s), gl.zeros([BT, V], gl.float32, a_layout),
                             use_acc=False, is_async=True)
         acc = warpgroup_mma_wait(0, deps=[acc, do_s.index(s)])[0]
-        gl.thread_barrier()  # every warp's MMA is done with stage s
-        mbarrier.arrive(ld_free.index(s), count=1)
         out = acc.to(dtype)
         b = it % DSTAGES
         mbarrier.wait(dvl_free.index(b), ((it // DSTAGES) & 1) ^ 1)
         dvl_s.index(b).store(out)
-        gl.thread_barrier()
+        gl.thread_barrier()  # every warp's store is done, and its MMAs on stage s
         mbarrier.arrive(dvl_ready.index(b), count=1)
 
 
 @gluon.jit
-def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, dvl_ready,
-                     dvl_free, zero_bar, dv_desc, dh_desc, G, dht, dv, dh0, doc_offsets,
-                     doc_chunk_offsets, i_n, i_hv, HV, tv, scale, K: gl.constexpr,
+def _state_partition(q_desc, k_desc, w_desc, do_desc, q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s,
+                     ld_ready, dvl_ready, dvl_free, zero_bar, dv_desc, dh_desc, G, dht, dv, dh0,
+                     doc_offsets, doc_chunk_offsets, i_n, i_hv, HV, tk, tw, tv, scale,
+                     K: gl.constexpr,
                      V: gl.constexpr, BT: gl.constexpr, STAGES: gl.constexpr,
                      DSTAGES: gl.constexpr, USE_DHT: gl.constexpr, STORE: gl.constexpr):
     """S (default, 8 warps): the recurrence of :mod:`~gdn_core.ops.gluon.chunk_state_bwd`
@@ -204,11 +216,21 @@ def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, 
     A64: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L64, k_width=2)
     A128: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=L128, k_width=2)
     TOK: gl.constexpr = gl.SliceLayout(0, L64)
+    # the loop's G gather: one value a thread, then into TOK (see _dvl_partition)
+    G1: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
+                                        warps_per_cta=[8], order=[0])
     IO: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[8, 1], order=[1, 0])
 
     bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
     c0 = gl.load(doc_chunk_offsets + i_n)
+
+    # --- the first STAGES chunks' loads (chunk it = the document's chunk n_chunks-1-it)
+    for j in gl.static_range(STAGES):
+        if j < n_chunks:
+            _issue_loads(q_desc, k_desc, w_desc, do_desc, ld_ready.index(j), q_s.index(j),
+                         k_s.index(j), w_s.index(j), do_s.index(j),
+                         bos + (n_chunks - 1 - j) * BT, tk, tw, tv)
 
     # --- dSᵀ from dht (or 0): rows = value columns, columns = keys
     rv = gl.arange(0, BV, layout=gl.SliceLayout(1, L128))
@@ -222,6 +244,7 @@ def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, 
 
     # --- the first chunk: zero a short chunk's foreign rows (before A reads them)
     tok = gl.arange(0, BT, layout=TOK)
+    r1 = gl.arange(0, BT, layout=G1)
     rv64 = gl.arange(0, BV, layout=gl.SliceLayout(1, L64))
     L0 = gl.minimum(eos - (bos + (n_chunks - 1) * BT), BT)
     if n_chunks > 0:
@@ -257,6 +280,12 @@ def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, 
         x = warpgroup_mma(xa, k_s.index(s).permute((1, 0)), gl.zeros([BV, BT], gl.float32, L64),
                           use_acc=False, is_async=True)
         acc = warpgroup_mma(dos, q_s.index(s), acc, is_async=True)
+        # refill the previous chunk's stage with chunk it - 1 + STAGES, behind the MMAs
+        if (it > 0) & (it - 1 + STAGES < n_chunks):
+            sp = (it - 1) % STAGES
+            _issue_loads(q_desc, k_desc, w_desc, do_desc, ld_ready.index(sp), q_s.index(sp),
+                         k_s.index(sp), w_s.index(sp), do_s.index(sp),
+                         t0 + (1 - STAGES) * BT, tk, tw, tv)
         # this chunk's dv_local from A (rows >= L selected to +0, the state kernel's value)
         mbarrier.wait(dvl_ready.index(b), (it // DSTAGES) & 1)
         x = warpgroup_mma_wait(1, deps=[x, k_s.index(s), xa])[0]
@@ -273,7 +302,7 @@ def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, 
         # next chunk's G (plain loads, while the W term runs)
         has_next = it + 1 < n_chunks
         p_g = G + ((t0 - BT).to(gl.int64) * HV + i_hv)
-        g = gl.load(p_g + tok * HV, mask=(tok < BT) & has_next, other=0.0)
+        g = gl.convert_layout(gl.load(p_g + r1 * HV, mask=(r1 < BT) & has_next, other=0.0), TOK)
         g_last = gl.load(p_g + (BT - 1) * HV, mask=has_next, other=0.0)
         # ---- off the chain: this chunk's stores, the next chunk's Q-term operand
         if STORE:
@@ -293,12 +322,13 @@ def _state_partition(q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free, 
         dot = do_s.index(sn).permute((1, 0)).load(L64).to(gl.float32)
         dos = gl.convert_layout((dot * (gl.exp(g) * scale)[None, :]).to(dtype), A128)
         ds = warpgroup_mma_wait(0, deps=[acc, w_s.index(s), dva])[0]
-        # ---- release stage s to P (and the staging tiles to the next iteration)
+        # ---- release stage s (and the staging tiles): the next iteration refills it with
+        # chunk it + STAGES. A is done with it: its MMAs on stage s precede its dvl_ready
+        # arrival for this chunk, waited above.
         if STORE:
             tma.store_wait(0)
-        fence_async_shared()  # the generic reads of do_s[s] before P's next TMA write
+        fence_async_shared()  # the generic reads of do_s[s] before the next TMA write
         gl.thread_barrier()
-        mbarrier.arrive(ld_free.index(s), count=1)
 
     # dh0 = dS_0 (offsets recomputed through an opaque zero, as the state kernel does)
     zero = gl.load(doc_offsets + i_n + 1) - eos
@@ -312,7 +342,7 @@ def _fused_state_bwd_gluon_kernel(
     G, dht, dv, dh0, doc_offsets, doc_chunk_offsets, need, scale, HV,
     GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
     STAGES: gl.constexpr, DSTAGES: gl.constexpr, USE_DHT: gl.constexpr,
-    HAS_NEED: gl.constexpr, STORE: gl.constexpr, A_REGS: gl.constexpr, P_REGS: gl.constexpr,
+    HAS_NEED: gl.constexpr, STORE: gl.constexpr, A_REGS: gl.constexpr,
 ):
     gl.static_assert(STAGES >= 2)
     gl.static_assert(DSTAGES >= 1)
@@ -337,13 +367,11 @@ def _fused_state_bwd_gluon_kernel(
         dh_s = dvl_s
         dv_s = dvl_s
     ld_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ld_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     dvl_ready = gl.allocate_shared_memory(gl.int64, [DSTAGES, 1], mbarrier.MBarrierLayout())
     dvl_free = gl.allocate_shared_memory(gl.int64, [DSTAGES, 1], mbarrier.MBarrierLayout())
     zero_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
         mbarrier.init(ld_ready.index(i), count=1)
-        mbarrier.init(ld_free.index(i), count=2)  # S and A
     for i in gl.static_range(DSTAGES):
         mbarrier.init(dvl_ready.index(i), count=1)
         mbarrier.init(dvl_free.index(i), count=1)
@@ -354,16 +382,13 @@ def _fused_state_bwd_gluon_kernel(
     tw = i_hv * K
     tv = i_hv * V
     gl.warp_specialize([
-        (_state_partition, (q_s, k_s, w_s, do_s, dvl_s, dh_s, dv_s, ld_ready, ld_free,
-                            dvl_ready, dvl_free, zero_bar, dv_desc, dh_desc, G, dht, dv, dh0,
-                            doc_offsets, doc_chunk_offsets, i_n, i_hv, HV, tv, scale, K, V, BT,
-                            STAGES, DSTAGES, USE_DHT, STORE)),
-        (_dvl_partition, (q_s, k_s, do_s, dvl_s, ld_ready, ld_free, dvl_ready, dvl_free,
-                          zero_bar, G, doc_offsets, i_n, i_hv, HV, scale, BT, V, STAGES,
-                          DSTAGES)),
-        (_load_partition, (q_desc, k_desc, w_desc, do_desc, q_s, k_s, w_s, do_s, ld_ready,
-                           ld_free, doc_offsets, i_n, tk, tw, tv, BT, STAGES)),
-    ], [4, 1], [A_REGS, P_REGS])
+        (_state_partition, (q_desc, k_desc, w_desc, do_desc, q_s, k_s, w_s, do_s, dvl_s, dh_s,
+                            dv_s, ld_ready, dvl_ready, dvl_free, zero_bar, dv_desc, dh_desc, G,
+                            dht, dv, dh0, doc_offsets, doc_chunk_offsets, i_n, i_hv, HV, tk, tw,
+                            tv, scale, K, V, BT, STAGES, DSTAGES, USE_DHT, STORE)),
+        (_dvl_partition, (q_s, k_s, do_s, dvl_s, ld_ready, dvl_ready, dvl_free, zero_bar, G,
+                          doc_offsets, i_n, i_hv, HV, scale, BT, V, STAGES, DSTAGES)),
+    ], [4], [A_REGS])
 
 
 _FUSED_STATE_BWD_GLUON_KERNEL = cached_launch(_fused_state_bwd_gluon_kernel)
@@ -503,6 +528,6 @@ def fused_state_bwd_gluon(
         GROUP=group, K=K, V=V, BT=_BT, STAGES=GLUON_FUSED_STATE_STAGES,
         DSTAGES=GLUON_FUSED_STATE_DSTAGES, USE_DHT=dht is not None,
         HAS_NEED=need is not None, STORE=store, A_REGS=GLUON_FUSED_STATE_A_REGS,
-        P_REGS=_P_REGS, num_warps=8, maxnreg=_MAXNREG,
+        num_warps=8, maxnreg=_MAXNREG,
     )
     return dh, dv, dh0
