@@ -17,6 +17,9 @@
 #       of the fused state backward (GDN_CORE_GLUON stage fused_state). If call 1's alias
 #       tests pass and the peak drops, make the alias the default (plan_aliases: None -> on)
 #   call 4 (~540 s, carry [".whl-fla"]):  bash tools/h200_s16_validate.sh 4
+#       (.whl-fla: mkdir .whl-fla; cp .whl/fla_core-*.whl .whl-fla/; python3 -m pip download
+#        --no-deps --only-binary=:all: --python-version 3.12 --implementation cp -d .whl-fla
+#        flash-linear-attention==0.6.0; and add /.whl-fla/ and /.old/ to .git/info/exclude)
 #       the layer against fla's at all anchor token counts (64K in 16 documents was missing
 #       in session 15; fla autotunes at its first shape); host time at T1024 with fla's
 #       arm (issue 18's target is a ratio to fla in the same run)
