@@ -307,10 +307,6 @@ def gluon_state_bwd_supported(q: torch.Tensor, W: torch.Tensor, do: torch.Tensor
             and all(x.dtype == q.dtype for x in (W, do, dv_local)))
 
 
-def _require_gluon_sm90(device: torch.device) -> None:
-    require_sm90(device, "the Gluon state-backward kernel")
-
-
 def _descriptors(q, k, W, do, dv_local, dv, dh, BV: int) -> dict:
     """TMA descriptors over the 2-D views the kernel tiles (CPU tensors suffice to build
     them, for :mod:`tools.sm90_report`). ``dh: [NT, HV, K, V]`` (or any 16-bit tensor of
@@ -332,6 +328,74 @@ def _check_buffer(name: str, buf: torch.Tensor, shape: tuple, dtype: torch.dtype
             or buf.data_ptr() % 16 != 0):
         raise ValueError(f"{name} must be a contiguous, 16-byte aligned {dtype} {shape}, got "
                          f"{buf.dtype} {tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
+
+
+def prepare_state_bwd(q, k, W, G, do, dv_local, dht, index: ChunkIndex, group: int, dh, dv, *,
+                      store: bool, need, dh0, what: str):
+    """The checks and buffers of a reverse-state launch (:func:`chunk_state_bwd_gluon`'s
+    arguments; shared with :func:`~gdn_core.ops.gluon.fused_state_bwd.fused_state_bwd_gluon`,
+    which passes ``dv_local=None``: it forms dv_local itself). ``what`` names the kernel in
+    the errors. Returns ``((dh, dv, dh0), (dht contiguous, G fp32 contiguous))``, the second
+    ``None`` when there is nothing to launch (the first then holds the results). Raises what
+    :func:`chunk_state_bwd_gluon` documents."""
+    T, H, K = k.shape
+    HV, V = do.shape[1], do.shape[2]
+    N, NT = index.num_docs, index.num_chunks
+    if (
+        tuple(q.shape) != (T, H, K)
+        or HV != H * group
+        or (do.shape[0] != T if dv_local is None  # (dv_local's shape implies do's rows)
+            else tuple(dv_local.shape) != (T, HV, V))
+        or tuple(W.shape) != (T, HV, K)
+        or tuple(G.shape) != (T, HV)
+        or (dht is not None and tuple(dht.shape) != (N, HV, K, V))
+        or T != index.total_tokens
+    ):
+        dvl = "" if dv_local is None else f"dv_local {tuple(dv_local.shape)}, "
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, W {tuple(W.shape)}, "
+            f"G {tuple(G.shape)}, do {tuple(do.shape)}, {dvl}"
+            f"dht {None if dht is None else tuple(dht.shape)}, group {group}, docs {N}")
+    if (K, V) != (_K, _V) or index.chunk_size != _BT:
+        raise ValueError(f"{what} serves K = V = {_K} and chunks of "
+                         f"{_BT}, got K={K}, V={V}, chunk size {index.chunk_size}")
+    tiled = (q, k, W, do) + (() if dv_local is None else (dv_local,))
+    if q.dtype not in (torch.bfloat16, torch.float16) or any(x.dtype != q.dtype for x in tiled):
+        names = "q, k, W, do" + ("" if dv_local is None else ", dv_local")
+        raise ValueError(f"{what} takes {names} in one "
+                         "16-bit dtype, got " + ", ".join(str(x.dtype) for x in tiled))
+    if max(T, NT * HV * K) >= 2**31:
+        raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
+    if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
+        raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
+    dev = k.device
+    if not store:
+        dh = dv = None
+    else:
+        if dh is not None:
+            _check_buffer("dh", dh, (NT, HV, K, V), k.dtype)
+        if dv is not None:
+            _check_buffer("dv", dv, (T, HV, V), k.dtype)
+    if dh0 is not None:
+        _check_buffer("dh0", dh0, (N, HV, K, V), torch.float32)
+    require_sm90(dev, what)
+    if store:
+        dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=dev) if dh is None else dh
+        dv = torch.empty(T, HV, V, dtype=k.dtype, device=dev) if dv is None else dv
+    if dh0 is None:
+        dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+    if N == 0 or HV == 0:
+        return (dh, dv, dh0), None
+    if dht is not None:
+        dht = dht.contiguous()
+    # dv_local is read in place when dv is dv_local (the aliasing the contract allows):
+    # rows_view describes a contiguous buffer where it lies
+    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
+    if T == 0:  # every document is empty: dh0 = dht (or 0), nothing to tile
+        want = slice(None) if need is None else need.to(dev) != 0
+        dh0[want] = 0.0 if dht is None else dht.to(dev, torch.float32)[want]
+        return (dh, dv, dh0), None
+    return (dh, dv, dh0), (dht, G)
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_state_bwd_gluon_kernel,))
@@ -374,60 +438,14 @@ def chunk_state_bwd_gluon(
             than TMA's int32 coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
-    T, H, K = k.shape
-    HV, V = do.shape[1], do.shape[2]
-    N, NT = index.num_docs, index.num_chunks
-    if (
-        tuple(q.shape) != (T, H, K)
-        or HV != H * group
-        or tuple(dv_local.shape) != (T, HV, V)
-        or tuple(W.shape) != (T, HV, K)
-        or tuple(G.shape) != (T, HV)
-        or (dht is not None and tuple(dht.shape) != (N, HV, K, V))
-        or T != index.total_tokens
-    ):
-        raise ValueError(
-            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, W {tuple(W.shape)}, "
-            f"G {tuple(G.shape)}, do {tuple(do.shape)}, dv_local {tuple(dv_local.shape)}, "
-            f"dht {None if dht is None else tuple(dht.shape)}, group {group}, docs {N}")
-    if (K, V) != (_K, _V) or index.chunk_size != _BT:
-        raise ValueError(f"the Gluon state-backward kernel serves K = V = {_K} and chunks of "
-                         f"{_BT}, got K={K}, V={V}, chunk size {index.chunk_size}")
-    tiled = (q, k, W, do, dv_local)
-    if q.dtype not in (torch.bfloat16, torch.float16) or any(x.dtype != q.dtype for x in tiled):
-        raise ValueError("the Gluon state-backward kernel takes q, k, W, do, dv_local in one "
-                         "16-bit dtype, got " + ", ".join(str(x.dtype) for x in tiled))
-    if max(T, NT * HV * K) >= 2**31:
-        raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
-    if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
-        raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
-    dev = k.device
-    if not store:
-        dh = dv = None
-    else:
-        if dh is not None:
-            _check_buffer("dh", dh, (NT, HV, K, V), k.dtype)
-        if dv is not None:
-            _check_buffer("dv", dv, (T, HV, V), k.dtype)
-    if dh0 is not None:
-        _check_buffer("dh0", dh0, (N, HV, K, V), torch.float32)
-    _require_gluon_sm90(dev)
-    if store:
-        dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=dev) if dh is None else dh
-        dv = torch.empty(T, HV, V, dtype=k.dtype, device=dev) if dv is None else dv
-    if dh0 is None:
-        dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
-    if N == 0 or HV == 0:
-        return dh, dv, dh0
-    if dht is not None:
-        dht = dht.contiguous()
-    # dv_local is read in place when dv is dv_local (the aliasing the contract allows):
-    # rows_view describes a contiguous buffer where it lies
-    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
-    if T == 0:  # every document is empty: dh0 = dht (or 0), nothing to tile
-        want = slice(None) if need is None else need.to(dev) != 0
-        dh0[want] = 0.0 if dht is None else dht.to(dev, torch.float32)[want]
-        return dh, dv, dh0
+    outs, ready = prepare_state_bwd(q, k, W, G, do, dv_local, dht, index, group, dh, dv,
+                                    store=store, need=need, dh0=dh0,
+                                    what="the Gluon state-backward kernel")
+    if ready is None:
+        return outs
+    (dh, dv, dh0), (dht, G) = outs, ready
+    K, V, dev = k.shape[2], do.shape[2], k.device
+    HV, N = do.shape[1], index.num_docs
     BV = GLUON_STATE_BWD_BV
     # descriptors the kernel never uses (STORE=False) still need a 16-bit tensor
     dummy = None if store else torch.empty(K, V, dtype=q.dtype, device=dev)

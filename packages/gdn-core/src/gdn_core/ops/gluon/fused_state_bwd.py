@@ -94,13 +94,12 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex
-from gdn_core.ops.gluon.chunk_state_bwd import _zero_rows
+from gdn_core.ops.gluon.chunk_state_bwd import _zero_rows, prepare_state_bwd
 from gdn_core.ops.gluon.lang import (
     fence_async_shared,
     gl,
     gluon,
     mbarrier,
-    require_sm90,
     tma,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -419,13 +418,6 @@ def _descriptors(q, k, W, do, dv, dh) -> dict:
     )
 
 
-def _check_buffer(name: str, buf: torch.Tensor, shape: tuple, dtype: torch.dtype) -> None:
-    if (tuple(buf.shape) != shape or buf.dtype != dtype or not buf.is_contiguous()
-            or buf.data_ptr() % 16 != 0):
-        raise ValueError(f"{name} must be a contiguous, 16-byte aligned {dtype} {shape}, got "
-                         f"{buf.dtype} {tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
-
-
 @launcher(uses_atomics=False, kernels=(_fused_state_bwd_gluon_kernel,))
 def fused_state_bwd_gluon(
     q: torch.Tensor,
@@ -466,58 +458,14 @@ def fused_state_bwd_gluon(
             than TMA's int32 coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
-    T, H, K = k.shape
-    HV, V = do.shape[1], do.shape[2]
-    N, NT = index.num_docs, index.num_chunks
-    if (
-        tuple(q.shape) != (T, H, K)
-        or HV != H * group
-        or do.shape[0] != T
-        or tuple(W.shape) != (T, HV, K)
-        or tuple(G.shape) != (T, HV)
-        or (dht is not None and tuple(dht.shape) != (N, HV, K, V))
-        or T != index.total_tokens
-    ):
-        raise ValueError(
-            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, W {tuple(W.shape)}, "
-            f"G {tuple(G.shape)}, do {tuple(do.shape)}, "
-            f"dht {None if dht is None else tuple(dht.shape)}, group {group}, docs {N}")
-    if (K, V) != (_K, _V) or index.chunk_size != _BT:
-        raise ValueError(f"the Gluon fused state-backward kernel serves K = V = {_K} and "
-                         f"chunks of {_BT}, got K={K}, V={V}, chunk size {index.chunk_size}")
-    tiled = (q, k, W, do)
-    if q.dtype not in (torch.bfloat16, torch.float16) or any(x.dtype != q.dtype for x in tiled):
-        raise ValueError("the Gluon fused state-backward kernel takes q, k, W, do in one "
-                         "16-bit dtype, got " + ", ".join(str(x.dtype) for x in tiled))
-    if max(T, NT * HV * K) >= 2**31:
-        raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
-    if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
-        raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
-    dev = k.device
-    if not store:
-        dh = dv = None
-    else:
-        if dh is not None:
-            _check_buffer("dh", dh, (NT, HV, K, V), k.dtype)
-        if dv is not None:
-            _check_buffer("dv", dv, (T, HV, V), k.dtype)
-    if dh0 is not None:
-        _check_buffer("dh0", dh0, (N, HV, K, V), torch.float32)
-    require_sm90(dev, "the Gluon fused state-backward kernel")
-    if store:
-        dh = torch.empty(NT, HV, K, V, dtype=k.dtype, device=dev) if dh is None else dh
-        dv = torch.empty(T, HV, V, dtype=k.dtype, device=dev) if dv is None else dv
-    if dh0 is None:
-        dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
-    if N == 0 or HV == 0:
-        return dh, dv, dh0
-    if dht is not None:
-        dht = dht.contiguous()
-    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
-    if T == 0:  # every document is empty: dh0 = dht (or 0), nothing to tile
-        want = slice(None) if need is None else need.to(dev) != 0
-        dh0[want] = 0.0 if dht is None else dht.to(dev, torch.float32)[want]
-        return dh, dv, dh0
+    outs, ready = prepare_state_bwd(q, k, W, G, do, None, dht, index, group, dh, dv,
+                                    store=store, need=need, dh0=dh0,
+                                    what="the Gluon fused state-backward kernel")
+    if ready is None:
+        return outs
+    (dh, dv, dh0), (dht, G) = outs, ready
+    K, V, dev = k.shape[2], do.shape[2], k.device
+    HV, N = do.shape[1], index.num_docs
     # descriptors the kernel never uses (store=False) still need a 16-bit tensor
     dummy = None if store else torch.empty(K, V, dtype=q.dtype, device=dev)
     descs = _descriptors(q, k, W, do, dv if store else do, dh if store else dummy)
