@@ -19,7 +19,7 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops import inverse_for_backward, wy_apply, wy_fwd
 from gdn_core.ops.wy import wy_inverse_choice
 from gdn_core.switches import WY_INV_ENV
-from gdn_core.testkit import max_rel_err, offsets_of
+from gdn_core.testkit import max_rel_err, wy_fp64, wy_inputs
 
 # every 16-row block edge, a full chunk, and a document of three chunks (short last)
 LENGTHS = [1, 15, 16, 17, 31, 32, 33, 47, 48, 49, 63, 64, 150]
@@ -28,30 +28,11 @@ TOL_A = 1e-5
 
 
 def _problem(lengths, H, group, K, V, dtype, kind="normal", seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    offs = offsets_of(lengths)
-    T, HV = offs[-1], H * group
-    if kind == "coupled":  # nearly parallel keys, β ≈ 1, no decay: large inverse entries
-        base = torch.randn(1, 1, K, generator=gen)
-        k = R.l2_normalize(base + 0.05 * torch.randn(T, H, K, generator=gen))
-        beta = torch.full((T, HV), 0.99)
-        g = torch.zeros(T, HV)
-    else:
-        k = R.l2_normalize(torch.randn(T, H, K, generator=gen))
-        beta = torch.rand(T, HV, generator=gen)
-        g = -torch.nn.functional.softplus(torch.randn(T, HV, generator=gen))
-        if kind == "decay":
-            g = 40 * g
-    v = torch.randn(T, HV, V, generator=gen)
+    offs, (k, v, beta, g) = wy_inputs(lengths, H, group, K, V, kind, seed)
     k, v, beta = (x.to(dtype) for x in (k, v, beta))
     bounds = list(zip(offs[:-1], offs[1:]))
     G = R.chunk_cumsum_ref(g, bounds)
     return offs, bounds, ChunkIndex.build(offs, "cpu"), (k, v, beta, G)
-
-
-def _fp64_ref(k, v, beta, G, bounds, group):
-    return R.wy_ref(k.double().repeat_interleave(group, dim=1), v.double(), beta.double(),
-                    G.double(), bounds)
 
 
 @pytest.mark.parametrize("dims", [(1, 2, 48, 32), (2, 2, 16, 48)])
@@ -65,7 +46,7 @@ def test_register_inverse_matches_fp64_and_the_substitution(dims, dtype, monkeyp
     assert A_inv.dtype == torch.float32 and W.dtype == dtype and U.dtype == dtype
     again = wy_fwd(k, v, beta, G, index, group)
     assert all(torch.equal(a, b) for a, b in zip(again, (A_inv, W, U)))
-    A_ref, W_ref, U_ref = _fp64_ref(k, v, beta, G, bounds, group)
+    A_ref, W_ref, U_ref = wy_fp64(k, v, beta, G, offs, group)
     assert max_rel_err(A_inv, A_ref) <= TOL_A
     assert max_rel_err(W, W_ref) <= TOL[dtype]
     assert max_rel_err(U, U_ref) <= TOL[dtype]
@@ -107,7 +88,7 @@ def test_register_inverse_hard_cases(kind, monkeypatch):
     reference's tolerance, as the substitution kernel is."""
     offs, bounds, index, (k, v, beta, G) = _problem([64, 64, 40], 1, 1, 64, 32,
                                                     torch.float32, kind=kind, seed=3)
-    A_ref, W_ref, U_ref = _fp64_ref(k, v, beta, G, bounds, 1)
+    A_ref, W_ref, U_ref = wy_fp64(k, v, beta, G, offs, 1)
     for mode in ("reg", "subst"):
         monkeypatch.setenv(WY_INV_ENV, mode)
         A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
 from gdn_core.switches import WY_INV_ENV
-from gdn_core.testkit import max_rel_err, offsets_of
+from gdn_core.testkit import max_rel_err, wy_fp64, wy_inputs
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -32,30 +31,11 @@ LONG = [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]  # 32768 tokens
 def _problem(lengths, H, group, dtype, kind="normal", seed=0):
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
 
-    gen = torch.Generator().manual_seed(seed)
-    offs = offsets_of(lengths)
-    T, HV, D = offs[-1], H * group, 128
+    offs, (k, v, beta, g) = wy_inputs(lengths, H, group, 128, 128, kind, seed)
     index = ChunkIndex.build(offs, "cuda")
-    if kind == "coupled":
-        base = torch.randn(1, 1, D, generator=gen)
-        k = R.l2_normalize(base + 0.05 * torch.randn(T, H, D, generator=gen))
-        beta = torch.full((T, HV), 0.99)
-        g = torch.zeros(T, HV)
-    else:
-        k = R.l2_normalize(torch.randn(T, H, D, generator=gen))
-        beta = torch.rand(T, HV, generator=gen)
-        g = -torch.nn.functional.softplus(torch.randn(T, HV, generator=gen))
-        if kind == "decay":
-            g = 40 * g
-    v = torch.randn(T, HV, D, generator=gen)
     k, v, beta = (x.to("cuda", dtype) for x in (k, v, beta))
     G = chunk_cumsum_fwd(g.cuda(), index)
     return offs, index, (k, v, beta, G)
-
-
-def _fp64_ref(k, v, beta, G, offs, group):
-    return R.wy_ref(k.double().repeat_interleave(group, dim=1), v.double(), beta.double(),
-                    G.double(), list(zip(offs[:-1], offs[1:])))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -78,7 +58,7 @@ def test_register_inverse_on_the_gpu(lengths, group, dtype, monkeypatch):
     assert none is None and torch.equal(W0, W) and torch.equal(U0, U)
     Wa, Ua = wy_apply(k, v, beta, G, a16, index, group)
     assert torch.equal(Wa, W) and torch.equal(Ua, U)
-    A_ref, W_ref, U_ref = _fp64_ref(k, v, beta, G, offs, group)
+    A_ref, W_ref, U_ref = wy_fp64(k, v, beta, G, offs, group)
     assert max_rel_err(A_inv, A_ref) <= TOL_A
     assert max_rel_err(W, W_ref) <= TOL[dtype]
     assert max_rel_err(U, U_ref) <= TOL[dtype]
@@ -115,7 +95,7 @@ def test_register_inverse_hard_cases_on_the_gpu(kind, monkeypatch):
 
     offs, index, (k, v, beta, G) = _problem([64, 64, 40, 4096], 4, 1, torch.bfloat16,
                                             kind=kind, seed=2)
-    A_ref, W_ref, U_ref = _fp64_ref(k, v, beta, G, offs, 1)
+    A_ref, W_ref, U_ref = wy_fp64(k, v, beta, G, offs, 1)
     for mode in ("reg", "subst"):
         monkeypatch.setenv(WY_INV_ENV, mode)
         A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)

@@ -41,6 +41,8 @@ __all__ = [
     "run_script",
     "sha256",
     "subprocess_env",
+    "wy_fp64",
+    "wy_inputs",
 ]
 
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
@@ -184,6 +186,43 @@ def offsets_of(lengths) -> list[int]:
     for n in lengths:
         offs.append(offs[-1] + n)
     return offs
+
+
+def wy_inputs(lengths, H: int, group: int, K: int, V: int, kind: str = "normal",
+              seed: int = 0) -> tuple[list[int], tuple[torch.Tensor, ...]]:
+    """Inputs of the WY stage for packed documents ``lengths``: ``(offsets, (k [T,H,K], v
+    [T,HV,V], beta [T,HV], g [T,HV]))``, fp32 on the CPU (the caller casts and moves them),
+    keys L2-normalised. ``kind``: ``"normal"`` (``β`` uniform, ``g = −softplus(N(0,1))``),
+    ``"decay"`` (that ``g`` × 40) or ``"coupled"`` (nearly parallel keys, ``β = 0.99``, no
+    decay: large inverse entries)."""
+    from gdn_core.reference import l2_normalize
+
+    gen = torch.Generator().manual_seed(seed)
+    offs = offsets_of(lengths)
+    T, HV = offs[-1], H * group
+    if kind == "coupled":
+        base = torch.randn(1, 1, K, generator=gen)
+        k = l2_normalize(base + 0.05 * torch.randn(T, H, K, generator=gen))
+        beta = torch.full((T, HV), 0.99)
+        g = torch.zeros(T, HV)
+    else:
+        k = l2_normalize(torch.randn(T, H, K, generator=gen))
+        beta = torch.rand(T, HV, generator=gen)
+        g = -torch.nn.functional.softplus(torch.randn(T, HV, generator=gen))
+        if kind == "decay":
+            g = 40 * g
+    v = torch.randn(T, HV, V, generator=gen)
+    return offs, (k, v, beta, g)
+
+
+def wy_fp64(k, v, beta, G, offsets, group: int):
+    """``(A_inv, W, U)`` of the WY stage in float64 (:func:`gdn_core.reference.wy_ref`, a
+    triangular solve of ``I + A``) on the given (rounded) values, on their device;
+    ``offsets``: the document offsets, ``group``: value heads per key head."""
+    from gdn_core.reference import wy_ref
+
+    return wy_ref(k.double().repeat_interleave(group, dim=1), v.double(), beta.double(),
+                  G.double(), list(zip(offsets[:-1], offsets[1:])))
 
 
 def assert_close(got: dict, ref: dict, rtol: float) -> None:
