@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from gdn_core.chunking import ChunkIndex
-from gdn_core.testkit import max_rel_err, offsets_of
+from gdn_core.testkit import max_rel_err, state_bwd_inputs
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -28,25 +28,11 @@ LONG = [32768], [1, 4095, 63, 8191, 65, 10000, 3000, 7000, 353]
 
 
 def _problem(lengths, H, group, dtype, seed=0):
-    from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.gluon import available
 
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
-    gen = torch.Generator().manual_seed(seed)
-    offs = offsets_of(lengths)
-    T, HV, D = offs[-1], H * group, 128
-    index = ChunkIndex.build(offs, "cuda")
-    q = (torch.randn(T, H, D, generator=gen) * 0.1).to("cuda", dtype)
-    k = torch.nn.functional.normalize(torch.randn(T, H, D, generator=gen), dim=-1).to(
-        "cuda", dtype)
-    W = (torch.randn(T, HV, D, generator=gen) * 0.05).to("cuda", dtype)
-    do = torch.randn(T, HV, D, generator=gen).to("cuda", dtype)
-    dvl = torch.randn(T, HV, D, generator=gen).to("cuda", dtype)
-    g = (-torch.rand(T, HV, generator=gen) * 0.3 - 0.01).cuda()
-    G = chunk_cumsum_fwd(g, index)
-    dht = torch.randn(len(lengths), HV, D, D, generator=gen).cuda()
-    return offs, index, (q, k, W, G, do, dvl, dht)
+    return state_bwd_inputs(lengths, H, group, dtype, "cuda", seed=seed, dv_local=True)
 
 
 def _call(fn, xs, dht, index, group, scale=128**-0.5, **kw):

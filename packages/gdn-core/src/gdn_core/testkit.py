@@ -40,6 +40,7 @@ __all__ = [
     "run_fwd_bwd",
     "run_script",
     "sha256",
+    "state_bwd_inputs",
     "subprocess_env",
     "wy_fp64",
     "wy_inputs",
@@ -186,6 +187,31 @@ def offsets_of(lengths) -> list[int]:
     for n in lengths:
         offs.append(offs[-1] + n)
     return offs
+
+
+def state_bwd_inputs(lengths, H: int, group: int, dtype: torch.dtype, device, *,
+                     seed: int = 0, dv_local: bool = True):
+    """Inputs of the reverse state recurrence (``chunk_state_bwd``'s) for packed documents
+    ``lengths``, K = V = 128: ``(offsets, index, (q, k, W, G, do, [dv_local,] dht))`` on
+    ``device``; q, k, W, do (and dv_local) in ``dtype``, ``G`` the kernel cumsum of a mild
+    fp32 decay, ``dht`` fp32. ``dv_local=False`` leaves it out (for a kernel that forms it
+    itself) without changing the other draws."""
+    from gdn_core.chunking import ChunkIndex
+    from gdn_core.ops.cumsum import chunk_cumsum_fwd
+
+    gen = torch.Generator().manual_seed(seed)
+    offs = offsets_of(lengths)
+    T, HV, D = offs[-1], H * group, 128
+    index = ChunkIndex.build(offs, device)
+    q = (torch.randn(T, H, D, generator=gen) * 0.1).to(device, dtype)
+    k = F.normalize(torch.randn(T, H, D, generator=gen), dim=-1).to(device, dtype)
+    W = (torch.randn(T, HV, D, generator=gen) * 0.05).to(device, dtype)
+    do = torch.randn(T, HV, D, generator=gen).to(device, dtype)
+    dvl = (torch.randn(T, HV, D, generator=gen).to(device, dtype),) if dv_local else ()
+    g = (-torch.rand(T, HV, generator=gen) * 0.3 - 0.01).to(device)
+    G = chunk_cumsum_fwd(g, index)
+    dht = torch.randn(len(lengths), HV, D, D, generator=gen).to(device)
+    return offs, index, (q, k, W, G, do, *dvl, dht)
 
 
 def wy_inputs(lengths, H: int, group: int, K: int, V: int, kind: str = "normal",
