@@ -14,6 +14,7 @@ from gdn_core.ops import backward
 from gdn_core.ops.backward import grads_kernel, plan_aliases
 from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.switches import BWD_ALIAS_ENV, switch_setting
+from gdn_core.testkit import record_calls
 
 T, H, D = 70, 2, 128
 BF = torch.bfloat16
@@ -108,16 +109,8 @@ def test_grads_kernel_names_the_launcher():
 
 
 def _spy(monkeypatch):
-    calls = []
-    real = backward.plan_aliases
-
-    def spy(**kw):
-        res = real(**kw)
-        calls.append((kw, res))
-        return res
-
-    monkeypatch.setattr(backward, "plan_aliases", spy)
-    return calls
+    """Record every :func:`plan_aliases` call's keywords and result."""
+    return record_calls(monkeypatch, backward, "plan_aliases")
 
 
 @pytest.mark.parametrize("group, l2", [(1, False), (2, True)])

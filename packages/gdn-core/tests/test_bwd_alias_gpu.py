@@ -20,7 +20,7 @@ import pytest
 import torch
 from gdn_core.ops import backward, gluon
 from gdn_core.switches import BWD_ALIAS_ENV
-from gdn_core.testkit import offsets_of
+from gdn_core.testkit import offsets_of, record_calls
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -37,16 +37,7 @@ def _needs_gluon(monkeypatch):
 
 def _spy(monkeypatch):
     """Record every :func:`plan_aliases` call's keywords and result."""
-    calls = []
-    real = backward.plan_aliases
-
-    def spy(**kw):
-        res = real(**kw)
-        calls.append((kw, res))
-        return res
-
-    monkeypatch.setattr(backward, "plan_aliases", spy)
-    return calls
+    return record_calls(monkeypatch, backward, "plan_aliases")
 
 
 def _inputs(lengths, H, HV, dtype, seed=0, h0=True):
@@ -109,6 +100,7 @@ def test_persistent_kernel_is_not_aliased(monkeypatch):
     from gdn_det_train import chunk_gdn_det_bwd, chunk_gdn_det_fwd
 
     monkeypatch.setenv(gluon.GLUON_ENV, "grads2")
+    monkeypatch.setenv(BWD_ALIAS_ENV, "1")  # asked for: still refused for the persistent kernel
     calls = _spy(monkeypatch)
     xs, do, dht = _inputs([5, 64, 700], 2, 2, torch.bfloat16)
     _, _, saved = chunk_gdn_det_fwd(*xs[:5], initial_state=xs[5], output_final_state=True,

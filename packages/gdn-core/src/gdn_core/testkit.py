@@ -39,6 +39,7 @@ __all__ = [
     "rel_err",
     "run_fwd_bwd",
     "run_script",
+    "record_calls",
     "sha256",
     "state_bwd_inputs",
     "subprocess_env",
@@ -187,6 +188,21 @@ def offsets_of(lengths) -> list[int]:
     for n in lengths:
         offs.append(offs[-1] + n)
     return offs
+
+
+def record_calls(monkeypatch, owner, name: str) -> list[tuple[dict, object]]:
+    """Replace ``owner.name`` (a keyword-only function) for the test by a wrapper that
+    calls it and records ``(keywords, result)`` of every call in the returned list."""
+    calls: list[tuple[dict, object]] = []
+    real = getattr(owner, name)
+
+    def recorded(**kw):
+        res = real(**kw)
+        calls.append((kw, res))
+        return res
+
+    monkeypatch.setattr(owner, name, recorded)
+    return calls
 
 
 def state_bwd_inputs(lengths, H: int, group: int, dtype: torch.dtype, device, *,
