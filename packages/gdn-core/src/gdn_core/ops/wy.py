@@ -50,11 +50,10 @@ arithmetic is fixed, so the bits are the same run to run.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.jit import JITFunction
 
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.launch import cached_launch
@@ -551,9 +550,10 @@ def wy_inverse_choice() -> str:
 
 
 def _compiled(x: torch.Tensor) -> bool:
-    """Whether a launch on ``x``'s device runs compiled (not under Triton's interpreter),
-    so that inline PTX may be used."""
-    return x.is_cuda and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")
+    """Whether a launch on ``x``'s device runs compiled, so that inline PTX may be used:
+    a CUDA tensor, and the kernel a compiled ``JITFunction`` (Triton decided that when this
+    module was imported: with ``TRITON_INTERPRET=1`` it is an interpreted function)."""
+    return x.is_cuda and isinstance(_wy_kernel, JITFunction)
 
 
 def _dot16(k: torch.Tensor, v: torch.Tensor) -> bool:
