@@ -828,10 +828,10 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
                                     output_final_state=False, store_states=True)
     del U  # spent: v_new holds what the backward needs of it
-    dv_local = gluon.pick("dv_local", dv_local_bwd, q, bst.do_flat, index)
-    bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
-                            out=ws["dv_local"])
-    if need:
+    if need:  # the reverse pass reads dV'; else the last phase forms it (or fuses it away)
+        dv_local = gluon.pick("dv_local", dv_local_bwd, q, bst.do_flat, index)
+        bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
+                                out=ws["dv_local"])
         bst.D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)  # read, not written
         flags = L.tables(k.device).bwd_need
         state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, bst.W, bst.do_flat,
