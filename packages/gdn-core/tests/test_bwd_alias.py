@@ -36,9 +36,9 @@ def test_valid_call_aliases_both():
     assert plan_aliases(**_case()) == (True, True)
 
 
-def test_off_unless_switched_on():
-    """Unset (``None``) is off until the H200 has run the aliasing; ``0`` is off."""
-    assert plan_aliases(**_case(setting=None)) == (False, False)
+def test_on_by_default():
+    """Unset (``None``) is on where valid, as ``1`` is (the H200 ran it in session 16)."""
+    assert plan_aliases(**_case(setting=None)) == (True, True)
 
 
 @pytest.mark.parametrize("kernel", ["triton", "gluon_persistent"])

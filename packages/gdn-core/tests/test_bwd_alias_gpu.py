@@ -2,14 +2,14 @@
 over the backward's own ``dV'`` and (one value head per q/k head) ``dq`` over its own
 ``v_new`` (:func:`gdn_core.ops.backward.plan_aliases`).
 
-Runs only where Gluon imports and the GPU is sm_90 (the H200). With the switch on (unset)
-and off: the same bits of every output and gradient (bf16 and fp16; one document, packed
-documents with short last chunks, grouped value heads where only ``dv`` is aliased, the
-in-kernel L2 norm where ``dq`` is an fp32 partial, initial and final states), the aliases
-asked for where expected and none with the persistent kernel; two backward calls on one
-saved set give gradients that share no storage with each other, the inputs or the saved
-set; and the forward+backward peak at T=8192 H=4 drops by at least 1.5 units of one
-``[T, HV, 128]`` 16-bit tensor (2 expected: ``dq`` and ``dv``).
+Runs only where Gluon imports and the GPU is sm_90 (the H200). With the switch on (``1``),
+unset (the default: on) and off: the same bits of every output and gradient (bf16 and fp16;
+one document, packed documents with short last chunks, grouped value heads where only ``dv``
+is aliased, the in-kernel L2 norm where ``dq`` is an fp32 partial, initial and final
+states), the aliases asked for where expected and none with the persistent kernel; two
+backward calls on one saved set give gradients that share no storage with each other, the
+inputs or the saved set; and the forward+backward peak at T=8192 H=4 drops by at least 1.5
+units of one ``[T, HV, 128]`` 16-bit tensor (2 expected: ``dq`` and ``dv``).
 """
 
 from __future__ import annotations
@@ -93,7 +93,11 @@ def test_alias_keeps_every_bit(monkeypatch, case, dtype):
     names = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
     for name, a, b in zip(names, on, off, strict=True):
         assert torch.equal(a, b), f"{name}: max|diff| {(a.float() - b.float()).abs().max():.3e}"
-    assert all(torch.equal(a, b) for a, b in zip(run(), on, strict=True))  # repeatable
+    calls.clear()
+    monkeypatch.delenv(BWD_ALIAS_ENV)  # unset: the default, on where valid
+    default = run()
+    assert calls and all(res == want for _, res in calls), [res for _, res in calls]
+    assert all(torch.equal(a, b) for a, b in zip(default, on, strict=True))  # and repeatable
 
 
 def test_persistent_kernel_is_not_aliased(monkeypatch):

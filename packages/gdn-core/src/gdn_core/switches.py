@@ -19,9 +19,9 @@ FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
 
 #: the backward writes ``dv`` over its own ``dV'`` buffer and (one value head per q/k head)
 #: ``dq`` over its own ``v_new`` where the one-tile Gluon chunk-gradient kernel runs
-#: (:func:`gdn_core.ops.backward.plan_aliases`; ``1`` on where valid; unset or ``0``: off, the
-#: default until the H200 has run it). The same bits, up to 2 units of ``[T, HV, 128]`` 16-bit
-#: less at the backward's peak
+#: (:func:`gdn_core.ops.backward.plan_aliases`; unset or ``1``: on where valid, the default
+#: since the H200 ran it in session 16; ``0``: off). The same bits, up to 2 units of
+#: ``[T, HV, 128]`` 16-bit less at the backward's peak (18-20 % of the fwd+bwd peak)
 BWD_ALIAS_ENV = "GDN_CORE_BWD_ALIAS"
 
 #: how the WY forward kernel inverts ``I + A`` (:func:`gdn_core.ops.wy.wy_fwd`): ``subst``

@@ -17,8 +17,7 @@ Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
    ``dq``/``dk`` partials over each group of value heads;
 5. the L2-norm backward when the forward normalised q/k in the kernel.
 
-Aliasing (``GDN_CORE_BWD_ALIAS=1``, opt-in until the H200 has run it; :func:`plan_aliases`):
-where the one-tile Gluon
+Aliasing (on unless ``GDN_CORE_BWD_ALIAS=0``; :func:`plan_aliases`): where the one-tile Gluon
 chunk-gradient kernel runs (:mod:`gdn_core.ops.gluon.chunk_grads`), each of its CTAs
 TMA-loads every tile of its (chunk, value head) before it stores a result row, and only
 that CTA stores those rows; a short chunk's rows past its end (another CTA's) are zeroed
@@ -357,15 +356,14 @@ def plan_aliases(
     ``v_new_owned``, ``du_owned``: held by nothing but this backward (fresh, handed over);
     ``workspace``: the backward has a workspace; ``out``: its results go into given
     buffers (the slabs); ``setting``: :data:`~gdn_core.switches.BWD_ALIAS_ENV`'s
-    (``None``, unset: off until the GPU suite has run the aliasing; ``True``: on where
-    valid).
+    (``None``, unset, and ``True``: on where valid; ``False``: off).
 
-    Both need the switch on, the one-tile Gluon kernel (each CTA loads all its tiles
+    Both need the switch not off, the one-tile Gluon kernel (each CTA loads all its tiles
     before storing and owns its rows), no workspace, no given result buffers, and the
     input owned, the whole of its storage and contiguous, of the result's shape and dtype;
     ``dq`` also one value head per q/k head.
     """
-    if setting is not True or kernel != "gluon" or workspace or out:
+    if setting is False or kernel != "gluon" or workspace or out:
         return False, False
 
     def fits(x: torch.Tensor | None, owned: bool, spec) -> bool:
