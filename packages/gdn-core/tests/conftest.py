@@ -6,7 +6,9 @@ kernel module is imported right away, so that the kernels stay interpreted
 when this suite shares a pytest process with another package's (whose
 conftest may remove the variable). The variable is also set again for each
 test here: backend resolution (:func:`gdn_core.compose.resolve_backend`)
-reads it at call time.
+reads it at call time. The interpreter's ``tl.dot`` sums in one fixed order per
+element (:func:`gdn_core.testkit.fixed_order_interpreter_dot`), so the tests that
+compare bits across tile shapes do not depend on the machine's BLAS.
 """
 
 import os
@@ -24,6 +26,9 @@ if not torch.cuda.is_available():
     import gdn_core.ops.conv1d  # noqa: F401,E402
     import gdn_core.ops.conv1d_bwd  # noqa: F401,E402
     import gdn_core.ops.group_reduce  # noqa: F401,E402
+    from gdn_core.testkit import fixed_order_interpreter_dot  # noqa: E402
+
+    fixed_order_interpreter_dot()
 
 
 @pytest.fixture(autouse=True)

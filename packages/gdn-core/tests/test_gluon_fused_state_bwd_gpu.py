@@ -128,9 +128,12 @@ def test_fused_state_bwd_segment_and_aliasing_calls():
     assert c2 is alias and torch.equal(c2, dh0)
 
 
-def test_fused_state_stage_routes_the_backward(monkeypatch):
+@pytest.mark.parametrize("segment_size", [None, 128])
+def test_fused_state_stage_routes_the_backward(monkeypatch, segment_size):
     """``GDN_CORE_GLUON=fused_state``: a det forward+backward launches the fused kernel and not
-    the pair, with the bits of ``dv_local,state_bwd`` (the Gluon pair) and of ``none`` (Triton)."""
+    the pair, with the bits of ``dv_local,state_bwd`` (the Gluon pair) and of ``none`` (Triton);
+    with segments of 128 tokens in both of the backward's reverse passes (the first pass's
+    ``store=False`` + ``need`` summaries, and the last phase)."""
     from gdn_core.autograd import chunk_gdn_autograd
     from gdn_core.ops import gluon
     from gdn_core.ops.registry import record_launches
@@ -151,14 +154,15 @@ def test_fused_state_stage_routes_the_backward(monkeypatch):
         leaves = [x.clone().requires_grad_(True) for x in base]
         with record_launches() as launches, torch.autograd.set_multithreading_enabled(False):
             o, _ = chunk_gdn_autograd(*leaves, cu_seqlens=cu, use_qk_l2norm_in_kernel=True,
-                                      deterministic=True)
+                                      deterministic=True, segment_size=segment_size)
             o.backward(do)
-        return {x.name.rsplit(".", 1)[-1] for x in launches}, [x.grad for x in leaves]
+        fused = sum(x.name.endswith("fused_state_bwd_gluon") for x in launches)
+        return {x.name.rsplit(".", 1)[-1] for x in launches}, [x.grad for x in leaves], fused
 
-    names, got = run("fused_state")
-    assert "fused_state_bwd_gluon" in names, names
+    names, got, fused = run("fused_state")
+    assert fused == (1 if segment_size is None else 2), names
     assert not {"dv_local_bwd", "chunk_state_bwd"} & names, names
     for value in ("none", "dv_local,state_bwd"):  # Triton chunk grads in all three
-        _, want = run(value)
+        _, want, _ = run(value)
         for a, b in zip(got, want):
             assert torch.equal(a, b), value

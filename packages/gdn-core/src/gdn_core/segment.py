@@ -828,16 +828,23 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
                                     output_final_state=False, store_states=True)
     del U  # spent: v_new holds what the backward needs of it
-    if need:  # the reverse pass reads dV'; else the last phase forms it (or fuses it away)
-        dv_local = gluon.pick("dv_local", dv_local_bwd, q, bst.do_flat, index)
-        bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
-                                out=ws["dv_local"])
+    if need:
         bst.D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)  # read, not written
         flags = L.tables(k.device).bwd_need
-        state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, bst.W, bst.do_flat,
-                               bst.dv_local, index)
-        _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, bst.D0,
-                                saved.scale, index, group, store=False, need=flags)
+        # opt-in (GDN_CORE_GLUON=fused_state): dv_local inside the first pass, as in the
+        # last phase (which then forms it again in its own launch: none is kept between)
+        fused = gluon.pick("fused_state", None, q, bst.W, bst.do_flat, index)
+        if fused is not None:
+            _, _, bst.P = fused(q, k, bst.W, G, bst.do_flat, bst.D0, saved.scale, index,
+                                group, store=False, need=flags)
+        else:  # the reverse pass reads dV', which the last phase then takes over
+            dv_local = gluon.pick("dv_local", dv_local_bwd, q, bst.do_flat, index)
+            bst.dv_local = dv_local(q, k, G, bst.do_flat, saved.scale, index, group,
+                                    out=ws["dv_local"])
+            state_bwd = gluon.pick("state_bwd", chunk_state_bwd, q, bst.W, bst.do_flat,
+                                   bst.dv_local, index)
+            _, _, bst.P = state_bwd(q, k, bst.W, G, bst.do_flat, bst.dv_local, bst.D0,
+                                    saved.scale, index, group, store=False, need=flags)
     if bst.slabs is not None:  # W and dV' are rebuilt slab by slab in the last phase
         bst.W = bst.dv_local = None
     return bst

@@ -32,6 +32,7 @@ __all__ = [
     "assert_close",
     "assert_equal",
     "audit_fwd_bwd",
+    "fixed_order_interpreter_dot",
     "kcp_case_inputs",
     "kcp_case_single_device",
     "make_inputs",
@@ -48,6 +49,40 @@ __all__ = [
 ]
 
 GRAD_NAMES = ("q", "k", "v", "g", "beta", "initial_state", "A_log", "dt_bias")
+
+
+def fixed_order_interpreter_dot() -> None:
+    """Make Triton's interpreter compute ``tl.dot`` in one fixed order per output element.
+
+    The interpreter hands ``tl.dot`` to ``np.matmul``, i.e. to the machine's BLAS, whose
+    kernels pick a summation order by CPU type and matrix shape: on some machines the
+    first 32 columns of ``A @ B`` differ in their last bits from ``A @ B[:, :32]``. The
+    GPU's tensor cores reduce each output element over ``K`` in an order that does not
+    depend on how many rows or columns a tile has, and the bit-equality tests under the
+    interpreter (a value block of 32 or 64, one document alone or packed) assert exactly
+    that property of our kernels. ``np.einsum`` without BLAS (``optimize=False``) sums
+    each element over ``K`` in one order, whatever the other dimensions: with it those
+    tests check the kernels, not the BLAS. Idempotent; only the interpreter is changed.
+    """
+    import numpy as np
+    import triton.runtime.interpreter as interp
+
+    builder = interp.InterpreterBuilder
+    if getattr(builder.create_dot, "_gdn_fixed_order", False):
+        return
+    plain = builder.create_dot
+
+    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+        fp8 = any(x.dtype.primitive_bitwidth == 8 and x.dtype.is_floating() for x in (a, b))
+        if fp8:  # the interpreter's own fp8 conversions: not used by these kernels
+            return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
+        acc = d.data.dtype
+        prod = np.einsum("...ik,...kj->...ij", a.data.astype(acc), b.data.astype(acc),
+                         optimize=False)
+        return interp.TensorHandle(prod + d.data, d.dtype.scalar)
+
+    create_dot._gdn_fixed_order = True
+    builder.create_dot = create_dot
 
 
 def make_inputs(lengths=None, B=1, T=None, H=1, HV=2, K=16, V=16, dtype=torch.float32,

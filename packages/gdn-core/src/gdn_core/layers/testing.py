@@ -28,7 +28,7 @@ from gdn_core.layers.qwen3_next import to_qwen3_next_state_dict
 
 __all__ = ["KCPLayerChecks", "LayerChecks", "TINY", "diff_kcp_vs_single_rank",
            "diff_packed_vs_separate", "diff_vs_qwen3_next", "kcp_rank_run", "kcp_reference",
-           "max_diff", "tiny_layer", "tiny_qwen3_next_layer"]
+           "max_diff", "rel_diff", "tiny_layer", "tiny_qwen3_next_layer"]
 
 #: a tiny layer: hidden 32, 2 q/k heads of 16, 4 value heads of 16, conv 4
 TINY = dict(hidden_size=32, num_heads=2, num_v_heads=4, head_dim=16, expand_v=1.0,
@@ -40,6 +40,11 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     if a.shape != b.shape:
         return float("inf")
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def rel_diff(got: torch.Tensor, want: torch.Tensor) -> float:
+    """:func:`max_diff` over ``want``'s largest magnitude (floored at 1e-12)."""
+    return max_diff(got, want) / max(float(want.abs().max()), 1e-12)
 
 
 def _randomise(layer: torch.nn.Module, seed: int) -> None:
@@ -95,7 +100,10 @@ def _run(layer: torch.nn.Module, x: torch.Tensor, dy: torch.Tensor, **kwargs: An
 def diff_vs_qwen3_next(cls: type, seed: int = 0, shape: tuple[int, int] = (2, 70)
                        ) -> dict[str, float]:
     """``cls.from_qwen3_next`` of a random transformers layer against it (its torch
-    path): ``{"out", "dx", <each of its parameter names>}`` → max |difference|."""
+    path): ``{"out", "dx", <each of its parameter names>}`` → max |difference| relative
+    to the transformers tensor's largest magnitude (:func:`rel_diff`: the weight
+    gradients are sums over every token, up to ~75 here, so an absolute bound would
+    depend on the machine's BLAS)."""
     hf = tiny_qwen3_next_layer(seed)
     ours = cls.from_qwen3_next(hf)
     gen = torch.Generator().manual_seed(seed + 1)
@@ -105,8 +113,8 @@ def diff_vs_qwen3_next(cls: type, seed: int = 0, shape: tuple[int, int] = (2, 70
     out_o, dx_o, g_o = _run(ours, x, dy)
     g_o = to_qwen3_next_state_dict(g_o, num_k_heads=hf.num_k_heads, num_v_heads=hf.num_v_heads,
                                    head_k_dim=hf.head_k_dim, head_v_dim=hf.head_v_dim)
-    diffs = {"out": max_diff(out_o, out_h), "dx": max_diff(dx_o, dx_h)}
-    diffs.update({n: max_diff(g_o[n], g_h[n]) for n in g_h})
+    diffs = {"out": rel_diff(out_o, out_h), "dx": rel_diff(dx_o, dx_h)}
+    diffs.update({n: rel_diff(g_o[n], g_h[n]) for n in g_h})
     return diffs
 
 
@@ -169,16 +177,12 @@ def diff_kcp_vs_single_rank(ranks: list[dict[str, Any]], payload: dict) -> dict[
     order → ``{"out", "dx", <parameter names>}`` max |difference| relative to the
     reference's largest magnitude (the gradients are sums over every token)."""
     ref = kcp_reference(payload)
-
-    def rel(got: torch.Tensor, want: torch.Tensor) -> float:
-        return max_diff(got, want) / max(float(want.abs().max()), 1e-12)
-
-    diffs = {n: rel(torch.cat([r[n] for r in ranks], dim=1), ref[n]) for n in ("out", "dx")}
+    diffs = {n: rel_diff(torch.cat([r[n] for r in ranks], dim=1), ref[n]) for n in ("out", "dx")}
     for name, want in ref["grads"].items():
         total = ranks[0]["grads"][name].clone()
         for r in ranks[1:]:
             total += r["grads"][name]
-        diffs[name] = rel(total, want)
+        diffs[name] = rel_diff(total, want)
     return diffs
 
 
@@ -192,7 +196,9 @@ class LayerChecks:
     def test_matches_transformers_qwen3_next_layer_and_every_gradient(self):
         pytest.importorskip("transformers")
         diffs = diff_vs_qwen3_next(self.layer_cls, seed=self.seed)
-        assert len(diffs) == 9 and max(diffs.values()) < 2e-4, diffs
+        # fp32 on CPU: 1e-6..1.1e-5 relative measured (the bound was 2e-4 absolute, which
+        # the 75-sized in_proj gradient crossed at 3.5e-4 with another BLAS, 4.7e-6 relative)
+        assert len(diffs) == 9 and max(diffs.values()) < 3e-5, diffs
 
     def test_packed_documents_equal_documents_run_alone(self):
         diffs = diff_packed_vs_separate(tiny_layer(self.layer_cls, seed=self.seed + 1),
