@@ -13,6 +13,11 @@
 #       opt-in probes, host time at B1 T1024 against fla (tilelang importable, so fla 0.6.0
 #       runs on Triton 3.6 on Hopper), KCP world 8 with 20 iterations
 #
+#   call 4 (carry [".whl-base"]) then call 5 right after (carry [".whl", ".whl-fla"]):
+#       the fused state GPU tests (now also in the segment backward's first pass), det at
+#       the six shapes with and without GDN_CORE_GLUON=grads,fused_state; host time at
+#       B1 T1024 against fla (its first call compiles its kernels: give it 240 s)
+#
 # Everything lands in $OUT/s17_<step>.tgz (logs inside). Keep calls back to back: the machine
 # is given back after ~30 s idle and /tmp/site* go with it.
 set -u
@@ -72,10 +77,36 @@ step3() {
   else echo "no time left for KCP (${left} s)"; fi
 }
 
+e2e() {  # $1 label, $2 shapes (time and peak memory: e2e_<label>.json); env set by the caller
+  timeout 150 python3 benchmarks/bench_gdn_train.py --arms det --warmup 5 --iters 20 \
+    --shapes "$2" --acc-shapes none --json "$LOG/e2e_${1//[^A-Za-z0-9_]/_}.json" \
+    2>&1 | grep -E "^\[.*(shape|det )" | sed "s/^/$1 /" | tee -a "$LOG/e2e.txt"
+}
+
+step4() {  # (carry [".whl-base"]) the fused state stage in both reverse passes of det
+  step2
+  timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
+    packages/gdn-core/tests/test_gluon_fused_state_bwd_gpu.py > "$LOG/fused_state_tests.log" 2>&1
+  echo "fused state tests exit $?"; tail -3 "$LOG/fused_state_tests.log"
+  e2e default "$SHAPES6"
+  GDN_CORE_GLUON=grads,fused_state e2e fused_state "$SHAPES6"
+}
+
+step5() {  # (carry [".whl", ".whl-fla"], right after step 4) host time against fla
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla .whl-fla/*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  PYTHONPATH="$PYTHONPATH:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-240} \
+    python3 benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 \
+    > "$LOG/host_T1024_fla.txt" 2>&1
+  echo "host exit $?"; cat "$LOG/host_T1024_fla.txt"
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
   3) step3 ;;
-  *) echo "usage: bash tools/h200_s17_validate.sh 1|2|3"; exit 2 ;;
+  4) step4 ;;
+  5) step5 ;;
+  *) echo "usage: bash tools/h200_s17_validate.sh 1|2|3|4|5"; exit 2 ;;
 esac
 tar czf "$OUT/s17_${1}.tgz" -C "$OUT" s17 && rm -rf "$OUT/s17"
