@@ -32,7 +32,7 @@ D = 128
 def _needs_gluon(monkeypatch):
     if not gluon.available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
-    monkeypatch.setenv(gluon.GLUON_ENV, "grads")  # the one-tile kernel (the default)
+    monkeypatch.setenv(gluon.GLUON_ENV, "grads")  # the one-tile kernel (the default's), the pair
 
 
 def _spy(monkeypatch):

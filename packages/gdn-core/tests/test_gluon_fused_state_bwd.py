@@ -1,8 +1,8 @@
 """The fused state-backward launcher without a GPU: it imports, it is declared atomic-free,
 it refuses what it does not serve (``ValueError``) and devices it cannot run on
-(``RuntimeError``) before compiling anything, and the ``fused_state`` stage is opt-in (not a
-default; an unknown name still raises; off the GPU the pair stays). The kernel itself:
-``test_gluon_fused_state_bwd_gpu.py``."""
+(``RuntimeError``) before compiling anything; the ``fused_state`` stage is a default taken
+where a launch has enough programs, or wherever it is named (an unknown name still raises;
+off the GPU the pair stays). The kernel itself: ``test_gluon_fused_state_bwd_gpu.py``."""
 
 from __future__ import annotations
 
@@ -69,17 +69,60 @@ def test_cpu_tensors_raise_runtime_error():
         fs.fused_state_bwd_gluon(*args, store=False)
 
 
-def test_stage_is_registered_and_opt_in(monkeypatch):
+def test_stage_is_registered_and_a_default(monkeypatch):
+    """A default stage (``requested`` with the variable unset), but not ``named`` then: the
+    shape rule of :func:`gdn_core.ops.backward.pick_fused_state` decides; named, it runs."""
     assert gluon.STAGES["fused_state"] == ("fused_state_bwd", "fused_state_bwd_gluon",
                                            "gluon_fused_state_supported")
-    assert "fused_state" not in gluon.DEFAULT_STAGES
+    assert "fused_state" in gluon.DEFAULT_STAGES
     monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
-    assert not gluon.requested("fused_state")
+    assert gluon.requested("fused_state") and not gluon.named("fused_state")
     monkeypatch.setenv(gluon.GLUON_ENV, "fused_state")
     assert gluon.requested("fused_state") and not gluon.requested("grads")
+    assert gluon.named("fused_state")
+    monkeypatch.setenv(gluon.GLUON_ENV, " grads , fused_state ")
+    assert gluon.named("fused_state") and not gluon.named("state_bwd")
+    monkeypatch.setenv(gluon.GLUON_ENV, "all")
+    assert not gluon.named("fused_state") and not gluon.named("grads")
     monkeypatch.setenv(gluon.GLUON_ENV, "fused_stat")
     with pytest.raises(ValueError, match="unknown stage"):
         gluon.requested("fused_state")
+
+
+def test_the_default_takes_the_fused_kernel_only_with_enough_programs():
+    """Unasked, the fused state backward runs only where (segments × value heads) reach
+    FUSED_STATE_MIN_PROGRAMS (96): B1 T8192 H16 in segments of 4096 (32 programs) keeps the
+    pair, B1 T32768 H16 (128) and 8 documents (192) take the fused kernel."""
+    from gdn_core.ops.backward import FUSED_STATE_MIN_PROGRAMS, fused_state_pays
+
+    assert FUSED_STATE_MIN_PROGRAMS == 96
+    assert not fused_state_pays(2, 16) and not fused_state_pays(95, 1)
+    assert fused_state_pays(8, 16) and fused_state_pays(12, 16) and fused_state_pays(3, 32)
+
+
+def test_pick_follows_the_rule_unless_named(monkeypatch):
+    """pick_fused_state: unset → the rule; named → the fused launcher whatever the size;
+    ``none`` or another stage list → the pair (``None``). Gluon's pick is stubbed to
+    "available" (CPU tensors), so only the routing is checked here."""
+    from gdn_core.ops import backward
+
+    monkeypatch.setattr(backward.gluon, "pick",
+                        lambda stage, fallback, *probe: "fused" if backward.gluon.requested(
+                            stage) else fallback)
+    args = _args()
+    q, W, do, index = args[0], args[2], args[4], args[7]
+    small = index.num_docs * do.shape[1] < backward.FUSED_STATE_MIN_PROGRAMS
+    assert small
+    monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    assert backward.pick_fused_state(q, W, do, index) is None
+    monkeypatch.setattr(backward, "FUSED_STATE_MIN_PROGRAMS", 1)
+    assert backward.pick_fused_state(q, W, do, index) == "fused"
+    monkeypatch.setattr(backward, "FUSED_STATE_MIN_PROGRAMS", 96)
+    monkeypatch.setenv(gluon.GLUON_ENV, "fused_state")
+    assert backward.pick_fused_state(q, W, do, index) == "fused"
+    for value in ("none", "grads", "all"):
+        monkeypatch.setenv(gluon.GLUON_ENV, value)
+        assert backward.pick_fused_state(q, W, do, index) is None, value
 
 
 def test_cpu_keeps_the_pair(monkeypatch):
@@ -91,8 +134,8 @@ def test_cpu_keeps_the_pair(monkeypatch):
 
 
 def test_all_leaves_out_the_stages_run_by_name_only(monkeypatch):
-    """``GDN_CORE_GLUON=all`` does not ask for a stage of :data:`BY_NAME_ONLY` (kernels not
-    yet run on a GPU); naming it does."""
+    """``GDN_CORE_GLUON=all`` does not ask for a stage of :data:`BY_NAME_ONLY` (the fused
+    state backward supersedes two stages ``all`` runs); naming it does."""
     from gdn_core.ops import gluon
 
     assert "fused_state" in gluon.BY_NAME_ONLY

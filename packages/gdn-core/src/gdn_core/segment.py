@@ -789,7 +789,7 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
         return bst
 
     from gdn_core.ops import gluon
-    from gdn_core.ops.backward import resolve_workspace, uses_dq_partials
+    from gdn_core.ops.backward import pick_fused_state, resolve_workspace, uses_dq_partials
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
     from gdn_core.ops.dv_local import dv_local_bwd
@@ -831,9 +831,9 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     if need:
         bst.D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)  # read, not written
         flags = L.tables(k.device).bwd_need
-        # opt-in (GDN_CORE_GLUON=fused_state): dv_local inside the first pass, as in the
-        # last phase (which then forms it again in its own launch: none is kept between)
-        fused = gluon.pick("fused_state", None, q, bst.W, bst.do_flat, index)
+        # dv_local inside the first pass (pick_fused_state: where it pays), as in the last
+        # phase, which then forms it again in its own launch (none is kept in between)
+        fused = pick_fused_state(q, bst.W, bst.do_flat, index)
         if fused is not None:
             _, _, bst.P = fused(q, k, bst.W, G, bst.do_flat, bst.D0, saved.scale, index,
                                 group, store=False, need=flags)

@@ -9,7 +9,9 @@ Stages (docs/math.md), flat token layout, value head ``hv`` uses q/k head
    (:func:`~gdn_core.ops.chunk_state.chunk_state_fwd`);
 1. :func:`~gdn_core.ops.dv_local.dv_local_bwd` — chunk-local ``dV'``;
 2. :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd` — reverse recurrence:
-   ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32);
+   ``dS`` per chunk (``dh``, input dtype), full ``dV'``, ``dh0`` (fp32); on sm_90 at
+   16-bit K = V = 128 with enough programs, 1 and 2 are one warp-specialised Gluon
+   launch with the same bits (:func:`pick_fused_state`);
 3. :func:`~gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd` — every chunk-local
    gradient in two kernels: per-value-head ``dq``/``dk`` (final with one value head
    per q/k head), ``dv``, ``dβ`` and ``dg`` (the WY backward included);
@@ -57,6 +59,7 @@ from gdn_core.switches import BWD_ALIAS_ENV, switch_setting
 from gdn_core.typed import TypedWorkspace, mode_name, require_instance
 
 __all__ = [
+    "FUSED_STATE_MIN_PROGRAMS",
     "BackwardWorkspace",
     "DetBackwardWorkspace",
     "FreshBuffers",
@@ -65,7 +68,9 @@ __all__ = [
     "gdn_backward_triton",
     "chunk_gdn_backward",
     "backward_from_recompute",
+    "fused_state_pays",
     "grads_kernel",
+    "pick_fused_state",
     "plan_aliases",
     "resolve_workspace",
     "uses_dq_partials",
@@ -332,6 +337,36 @@ def _sole_view(x: torch.Tensor | None) -> bool:
             and x.untyped_storage().nbytes() == x.numel() * x.element_size())
 
 
+#: ``fused_state`` (a default stage of :mod:`gdn_core.ops.gluon`) runs unasked only where its
+#: launch has at least this many programs, (segments or documents) × value heads: one
+#: program walks a whole segment with the whole 128×128 state, so with few of them the
+#: launch is one chain of ~3.7 µs a chunk on a few SMs, where the pair splits the value
+#: columns over 4× more programs. H200, det fwd+bwd (session 17): 128-384 programs 0.88-0.97x
+#: the pair; 32 (B1 T8192, one document) not faster. Either way the bits are the pair's.
+FUSED_STATE_MIN_PROGRAMS = 96
+
+
+def pick_fused_state(q: torch.Tensor, W: torch.Tensor, do: torch.Tensor,
+                     index: ChunkIndex) -> Callable | None:
+    """The fused state backward (``dv_local`` inside the reverse recurrence, one launch) where
+    it serves this call and is wanted, else ``None`` (the caller runs the pair).
+
+    ``q, W: [T,·,K]``, ``do: [T,HV,V]`` flat; ``index``: the launch's chunk table (its
+    documents are the segments). Wanted: ``GDN_CORE_GLUON`` names ``fused_state``, or it is
+    unset (the default stages) and the launch has at least :data:`FUSED_STATE_MIN_PROGRAMS`
+    programs (``index.num_docs × HV``; :func:`fused_state_pays`)."""
+    fused = gluon.pick("fused_state", None, q, W, do, index)
+    if fused is None or gluon.named("fused_state"):
+        return fused
+    return fused if fused_state_pays(index.num_docs, do.shape[1]) else None
+
+
+def fused_state_pays(num_docs: int, HV: int) -> bool:
+    """Whether a fused state launch over ``num_docs`` documents (segments) × ``HV`` value
+    heads has enough programs to beat the pair (:data:`FUSED_STATE_MIN_PROGRAMS`)."""
+    return num_docs * HV >= FUSED_STATE_MIN_PROGRAMS
+
+
 def plan_aliases(
     *,
     kernel: str,
@@ -450,9 +485,8 @@ def backward_from_recompute(
     )
 
     du_owned = workspace is None and (dv_local is None or donate)
-    # opt-in (GDN_CORE_GLUON=fused_state): dv_local inside the state backward, one launch
-    fused = None if dv_local is not None else gluon.pick("fused_state", None, q, rec.W, do,
-                                                         index)
+    # dv_local inside the state backward, one launch (pick_fused_state: where it pays)
+    fused = None if dv_local is not None else pick_fused_state(q, rec.W, do, index)
     if fused is not None:
         dh, dvp, dh0 = fused(q, k, rec.W, G, do, dht, scale, index, group, dh=ws["dh"],
                              dv=ws["dv_local"], dh0=dh0)

@@ -9,7 +9,9 @@ kernel, supersedes ``grads``' kernel where both are asked for; ``fused_state``, 
 warp-specialised state backward with ``dv_local`` inside, supersedes the ``dv_local`` +
 ``state_bwd`` pair in :func:`gdn_core.ops.backward.backward_from_recompute`). Unset or empty,
 it means
-:data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``);
+:data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``, and
+``fused_state`` where a launch has enough programs:
+:func:`gdn_core.ops.backward.pick_fused_state`);
 ``none`` keeps Triton everywhere. :func:`pick` chooses; elsewhere the Triton kernel runs,
 and a profile or ``record_launches`` shows which ran. A caller may also use a launcher
 directly (``gdn_core.ops.gluon.<module>.<launcher>``, :data:`STAGES` names them).
@@ -31,8 +33,8 @@ import importlib
 import os
 from collections.abc import Callable
 
-__all__ = ["BY_NAME_ONLY", "DEFAULT_STAGES", "GLUON_ENV", "STAGES", "available", "pick",
-           "requested"]
+__all__ = ["BY_NAME_ONLY", "DEFAULT_STAGES", "GLUON_ENV", "STAGES", "available", "named",
+           "pick", "requested"]
 
 #: the environment variable naming the stages whose Gluon kernel is wanted
 GLUON_ENV = "GDN_CORE_GLUON"
@@ -60,11 +62,15 @@ STAGES: dict[str, tuple[str, str, str]] = {
 #: the stages a call runs on Gluon when :data:`GLUON_ENV` is unset: ``grads``, the one-tile
 #: chunk-gradient kernel, measured 0.85-0.90x the Triton pipeline's forward+backward at B4
 #: T8192, B1 T32768 and B1 T32768 8 documents and level at B1 T8192 (session 14,
-#: ``benchmarks/results/2026-12-02-h200-s14.md``). The others were slower there.
-DEFAULT_STAGES: frozenset[str] = frozenset({"grads"})
+#: ``benchmarks/results/2026-12-02-h200-s14.md``); ``fused_state``, the same bits as the
+#: ``dv_local`` + ``state_bwd`` pair in both reverse passes, det forward+backward 0.88-0.97x
+#: at five of issue 19's six shapes, taken unasked only where a launch has at least
+#: :data:`gdn_core.ops.backward.FUSED_STATE_MIN_PROGRAMS` programs (session 17,
+#: ``benchmarks/results/2026-12-03-h200-s17.md``). The others were slower.
+DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state"})
 
-#: stages ``all`` leaves out, run only where named: their kernels have not yet run on an
-#: H200 (``fused_state``: compiled, its GPU test and probe wait for the next device session)
+#: stages ``all`` leaves out, run only where named or by default: ``fused_state`` supersedes
+#: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs
 BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state"})
 
 
@@ -79,6 +85,17 @@ def requested(stage: str) -> bool:
     """
     names = _stage_names(os.environ.get(GLUON_ENV, ""))
     return stage in names or ("all" in names and stage not in BY_NAME_ONLY)
+
+
+def named(stage: str) -> bool:
+    """Whether :data:`GLUON_ENV` names ``stage`` itself (not through :data:`DEFAULT_STAGES`
+    or ``all``): a caller's shape rule for a default stage then gives way.
+
+    Raises:
+        ValueError: as :func:`requested`.
+    """
+    raw = os.environ.get(GLUON_ENV, "")
+    return stage in _stage_names(raw) and stage in {n.strip() for n in raw.split(",")}
 
 
 @functools.lru_cache(maxsize=16)
