@@ -484,7 +484,8 @@ def fused_state_reports() -> None:
     """The warp-specialised fused state backward (:mod:`gdn_core.ops.gluon.fused_state_bwd`:
     dv_local inside the reverse recurrence) as its launcher builds it (bf16, K = V = 128,
     chunks of 64, ``dht`` fp32; H = HV = 16 and H = 8, HV = 16; ``store=True``, then
-    ``store=False`` with ``need``): ptxas figures, shared bytes, the ``setmaxnreg`` of each
+    ``store=False`` with ``need``, then ``store=True`` with the programs' documents read
+    from ``doc_order``): ptxas figures, shared bytes, the ``setmaxnreg`` of each
     partition in the PTX and its ``bar.sync`` / ``mbarrier`` counts."""
     import torch
     from gdn_core.ops.gluon import fused_state_bwd as fs
@@ -497,18 +498,19 @@ def fused_state_reports() -> None:
         dh = torch.zeros(NT, HV, K, K, dtype=bf)
         i32 = torch.zeros(N + 1, dtype=torch.int32)
         st = torch.zeros(N, HV, K, K)
-        for store, has_need in ((True, False), (False, True)):
+        for store, has_need, ordered in ((True, False, False), (False, True, False),
+                                         (True, False, True)):
             args = dict(fs._descriptors(q, q, w, w, w, dh), G=torch.zeros(T, HV), dht=st,
                         dv=w if store else st, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32,
-                        need=i32, scale=0.5, HV=HV)
-            print(f"H={H} HV={HV} store={store} need={has_need} "
+                        need=i32, doc_order=i32, scale=0.5, HV=HV)
+            print(f"H={H} HV={HV} store={store} need={has_need} ordered={ordered} "
                   f"STAGES={fs.GLUON_FUSED_STATE_STAGES}"
                   f" DSTAGES={fs.GLUON_FUSED_STATE_DSTAGES} A_REGS={fs.GLUON_FUSED_STATE_A_REGS}")
             out = report_gluon(
                 fs._fused_state_bwd_gluon_kernel, args,
                 dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=fs.GLUON_FUSED_STATE_STAGES,
                      DSTAGES=fs.GLUON_FUSED_STATE_DSTAGES, USE_DHT=True, HAS_NEED=has_need,
-                     STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS),
+                     STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, ORDERED=ordered),
                 num_warps=8, maxnreg=fs._MAXNREG)
             ptx = out["ptx"]
             regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)

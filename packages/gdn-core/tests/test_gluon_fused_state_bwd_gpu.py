@@ -79,6 +79,30 @@ def test_fused_state_bwd_is_the_pair_bitwise(lengths, group, dtype, with_dht):
         assert torch.equal(a, b), "not repeatable"
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_longest_first_order_keeps_every_bit(monkeypatch, group):
+    """``GDN_CORE_DOC_ORDER=1``: the programs take their documents from ``index.doc_order``
+    (longest first; here 150 and 300 programs, more than the SMs); ``dh``, ``dV'``, ``dh0`` are
+    the bits of document order and of the pair, with ``store=False`` + ``need`` too."""
+    from gdn_core.switches import DOC_ORDER_ENV
+
+    lengths = [64 * n + 5 for n in (3, 40, 1, 17, 64, 9, 33, 2, 50, 12)] * 3
+    offs, index, xs = _problem(lengths, 5, group, torch.bfloat16, seed=6)
+    assert index.doc_order is not None and index.doc_order.tolist() != list(range(len(lengths)))
+    dht = xs[5]
+    need = (torch.arange(len(lengths), device="cuda") % 3 != 1).to(torch.int32)
+    monkeypatch.setenv(DOC_ORDER_ENV, "0")
+    plain = _fused(xs, dht, index, group)
+    plain_need = _fused(xs, dht, index, group, store=False, need=need)[2]
+    monkeypatch.setenv(DOC_ORDER_ENV, "1")
+    ordered = _fused(xs, dht, index, group)
+    ordered_need = _fused(xs, dht, index, group, store=False, need=need)[2]
+    for name, a, b, c in zip(("dh", "dv", "dh0"), ordered, plain, _pair(xs, dht, index, group)):
+        assert torch.equal(a, b) and torch.equal(a, c), name
+    keep = need.bool()
+    assert torch.equal(ordered_need[keep], plain_need[keep])
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_fused_state_bwd_documents_are_independent(dtype):
     """Each document alone gives the packed launch's bits; NaN in a document's first row

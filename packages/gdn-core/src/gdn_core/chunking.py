@@ -42,6 +42,7 @@ __all__ = [
     "DEFAULT_SEGMENT_SIZE",
     "ChunkIndex",
     "chunk_host_tables",
+    "longest_first",
     "chunk_index",
     "document_bounds",
     "host_offsets",
@@ -94,6 +95,11 @@ class ChunkIndex:
         chunk_start: ``[NT]`` int32 device tensor, first token of each chunk.
         chunk_len: ``[NT]`` int32 device tensor, tokens in each chunk (1..C).
         doc_offsets / doc_chunk_offsets: device int32 copies of the host lists.
+        doc_order: ``[N]`` int32 device tensor, the documents by chunk count, most
+            first (ties in document order; :func:`longest_first`), or ``None``
+            (a padded index: the identity). A kernel that walks one document a
+            program may read its document from it, so that the longest walks start
+            in the first wave and the short ones fill the tail; no bits depend on it.
         num_docs, num_chunks, total_tokens: the counts (``N``, ``NT``, ``T``),
             plain attributes set once at construction (every launcher reads
             them; a property would cost a Python call per read).
@@ -107,6 +113,7 @@ class ChunkIndex:
     chunk_len: torch.Tensor
     doc_offsets: torch.Tensor
     doc_chunk_offsets: torch.Tensor
+    doc_order: torch.Tensor | None = None
     num_docs: int = field(init=False)
     num_chunks: int = field(init=False)
     total_tokens: int = field(init=False)
@@ -142,9 +149,9 @@ class ChunkIndex:
         offs = tuple(int(x) for x in offsets)
         chunk_doc, chunk_start, chunk_len, chunk_offsets = chunk_host_tables(offs, chunk_size)
         i32 = torch.int32
-        doc, start, length, doc_offs, doc_chunk_offs, *rest = pack_tables(
+        doc, start, length, doc_offs, doc_chunk_offs, order, *rest = pack_tables(
             [(chunk_doc, i32), (chunk_start, i32), (chunk_len, i32), (offs, i32),
-             (chunk_offsets, i32), *extra], device)
+             (chunk_offsets, i32), (longest_first(chunk_offsets), i32), *extra], device)
         index = cls(
             offsets=offs,
             chunk_offsets=tuple(chunk_offsets),
@@ -154,8 +161,16 @@ class ChunkIndex:
             chunk_len=length,
             doc_offsets=doc_offs,
             doc_chunk_offsets=doc_chunk_offs,
+            doc_order=order,
         )
         return index, rest
+
+
+def longest_first(chunk_offsets: Sequence[int]) -> list[int]:
+    """The documents of ``chunk_offsets`` (``[N+1]``, each document's first chunk) by chunk
+    count, most first; equal counts in document order (a stable sort)."""
+    counts = [b - a for a, b in zip(chunk_offsets[:-1], chunk_offsets[1:])]
+    return sorted(range(len(counts)), key=lambda n: -counts[n])
 
 
 def chunk_host_tables(offsets, chunk_size: int = CHUNK_SIZE

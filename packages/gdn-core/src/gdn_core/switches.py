@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["BWD_ALIAS_ENV", "FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV", "switch_choice",
-           "switch_setting"]
+__all__ = ["BWD_ALIAS_ENV", "DOC_ORDER_ENV", "FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV",
+           "switch_choice", "switch_setting"]
 
 #: the forward's last phase (state recurrence and output) as one kernel (default: on where
 #: measured, :func:`gdn_core.segment.fused_fwd_wanted`)
@@ -23,6 +23,13 @@ FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
 #: since the H200 ran it in session 16; ``0``: off). The same bits, up to 2 units of
 #: ``[T, HV, 128]`` 16-bit less at the backward's peak (18-20 % of the fwd+bwd peak)
 BWD_ALIAS_ENV = "GDN_CORE_BWD_ALIAS"
+
+#: the fused state backward (:mod:`gdn_core.ops.gluon.fused_state_bwd`) takes its programs'
+#: documents longest first (:attr:`gdn_core.chunking.ChunkIndex.doc_order`) instead of in
+#: document order: the same bits; its wave tail shorter where programs outnumber the SMs
+#: (list scheduling of session 17's 8-document segments: 102 → 67 chunk steps). ``1`` on;
+#: unset or ``0`` off, the default until the H200 has run it
+DOC_ORDER_ENV = "GDN_CORE_DOC_ORDER"
 
 #: how the WY forward kernel inverts ``I + A`` (:func:`gdn_core.ops.wy.wy_fwd`): ``subst``
 #: (the default; diagonal blocks by substitution, merges through the ``A_inv`` buffer) or

@@ -86,6 +86,12 @@ S, issued behind the chain's first two MMAs); A lost its ``ld_free`` barrier. Th
 arithmetic of the PTX is unchanged (the same counts of fma/mul/sub/ex2/selp/cvt and wgmma
 as before). The non-specialised state kernel takes 255 registers on 8 warps.
 
+**Order of the programs.** With ``GDN_CORE_DOC_ORDER=1`` (:data:`gdn_core.switches.DOC_ORDER_ENV`,
+off until the H200 has run it) program ``(hv, j)`` takes document ``index.doc_order[j]``,
+the longest first, so that where the programs outnumber the SMs the long walks start in
+the first wave; each program's results depend on its own document only, so the bits are
+the same in either order.
+
 Determinism: no atomics, each output tile owned by one CTA, fixed reduction orders.
 """
 
@@ -107,6 +113,7 @@ from gdn_core.ops.gluon.lang import (
 from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
+from gdn_core.switches import DOC_ORDER_ENV, switch_setting
 
 __all__ = [
     "GLUON_FUSED_STATE_A_REGS",
@@ -338,15 +345,19 @@ def _state_partition(q_desc, k_desc, w_desc, do_desc, q_s, k_s, w_s, do_s, dvl_s
 @gluon.jit
 def _fused_state_bwd_gluon_kernel(
     q_desc, k_desc, w_desc, do_desc, dv_desc, dh_desc,
-    G, dht, dv, dh0, doc_offsets, doc_chunk_offsets, need, scale, HV,
+    G, dht, dv, dh0, doc_offsets, doc_chunk_offsets, need, doc_order, scale, HV,
     GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
     STAGES: gl.constexpr, DSTAGES: gl.constexpr, USE_DHT: gl.constexpr,
     HAS_NEED: gl.constexpr, STORE: gl.constexpr, A_REGS: gl.constexpr,
+    ORDERED: gl.constexpr = False,
 ):
     gl.static_assert(STAGES >= 2)
     gl.static_assert(DSTAGES >= 1)
     i_hv = gl.program_id(0)
-    i_n = gl.program_id(1)
+    if ORDERED:  # the launch's documents longest first (the blocks start in grid order)
+        i_n = gl.load(doc_order + gl.program_id(1))
+    else:
+        i_n = gl.program_id(1)
     i_h = i_hv // GROUP
     if HAS_NEED:
         if gl.load(need + i_n) == 0:
@@ -469,13 +480,15 @@ def fused_state_bwd_gluon(
     # descriptors the kernel never uses (store=False) still need a 16-bit tensor
     dummy = None if store else torch.empty(K, V, dtype=q.dtype, device=dev)
     descs = _descriptors(q, k, W, do, dv if store else do, dh if store else dummy)
+    ordered = index.doc_order is not None and switch_setting(DOC_ORDER_ENV) is True
     _FUSED_STATE_BWD_GLUON_KERNEL[(HV, N)](
         *descs.values(), G, dht if dht is not None else dh0, dv if store else dh0, dh0,
         index.doc_offsets, index.doc_chunk_offsets,
-        need if need is not None else index.doc_chunk_offsets, float(scale), HV,
+        need if need is not None else index.doc_chunk_offsets,
+        index.doc_order if ordered else index.doc_chunk_offsets, float(scale), HV,
         GROUP=group, K=K, V=V, BT=_BT, STAGES=GLUON_FUSED_STATE_STAGES,
         DSTAGES=GLUON_FUSED_STATE_DSTAGES, USE_DHT=dht is not None,
         HAS_NEED=need is not None, STORE=store, A_REGS=GLUON_FUSED_STATE_A_REGS,
-        num_warps=8, maxnreg=_MAXNREG,
+        ORDERED=ordered, num_warps=8, maxnreg=_MAXNREG,
     )
     return dh, dv, dh0
