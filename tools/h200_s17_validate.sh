@@ -20,18 +20,8 @@
 #
 # Everything lands in $OUT/s17_<step>.tgz (logs inside). Keep calls back to back: the machine
 # is given back after ~30 s idle and /tmp/site* go with it.
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/s17"
-SRC=$(ls -d "$PWD"/packages/*/src | tr '\n' ':')
-export PYTHONPATH="${SRC%:}"
-LOG=$OUT/s17
-{ nvidia-smi --query-gpu=name,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git log --oneline -1 2>/dev/null
-} > "$LOG/env.txt" 2>&1
-SHAPES6="B1,T32768,H16,HV32,D8;B1,T8192,H16;B1,T32768,H16;B4,T8192,H16;B1,T32768,H16,D8;B1,T65536,H16,D16"
-START=$(date +%s)
+TAG=s17
+source "$(dirname "$0")/h200_lib.sh"
 
 step1() {
   timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
@@ -48,15 +38,10 @@ step1() {
   OUT=$LOG STAGES=bits BITS_TIMEOUT=$(( left > 60 ? left - 50 : 10 )) bash tools/h200_validate.sh
 }
 
-step2() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-base .whl-base/*.whl
-  echo "whl-base exit $?"
-}
+step2() { install_base; }
 
 step3() {
-  [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: run step 2 first, right before"; return 1; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla .whl-fla/*.whl
+  install_anchors || return 1
   local base=$PYTHONPATH
   export PYTHONPATH="$base:/tmp/site:/tmp/site-base"
   timeout 400 python3 benchmarks/bench_gdn_train.py --arms det --compare flashqla --warmup 5 \
@@ -77,12 +62,6 @@ step3() {
   else echo "no time left for KCP (${left} s)"; fi
 }
 
-e2e() {  # $1 label, $2 shapes (time and peak memory: e2e_<label>.json); env set by the caller
-  timeout 150 python3 benchmarks/bench_gdn_train.py --arms det --warmup 5 --iters 20 \
-    --shapes "$2" --acc-shapes none --json "$LOG/e2e_${1//[^A-Za-z0-9_]/_}.json" \
-    2>&1 | grep -E "^\[.*(shape|det )" | sed "s/^/$1 /" | tee -a "$LOG/e2e.txt"
-}
-
 step4() {  # (carry [".whl-base"]) the fused state stage in both reverse passes of det
   step2
   timeout 150 python3 -m pytest -q -p no:cacheprovider -m gpu -p gdn_core.pytest_cuda_guard \
@@ -93,8 +72,7 @@ step4() {  # (carry [".whl-base"]) the fused state stage in both reverse passes 
 }
 
 step5() {  # (carry [".whl", ".whl-fla"], right after step 4) host time against fla
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla .whl-fla/*.whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  install_anchors || return 1
   PYTHONPATH="$PYTHONPATH:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-240} \
     python3 benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 \
     > "$LOG/host_T1024_fla.txt" 2>&1
@@ -109,4 +87,4 @@ case "${1:-}" in
   5) step5 ;;
   *) echo "usage: bash tools/h200_s17_validate.sh 1|2|3|4|5"; exit 2 ;;
 esac
-tar czf "$OUT/s17_${1}.tgz" -C "$OUT" s17 && rm -rf "$OUT/s17"
+pack "$1"

@@ -16,18 +16,8 @@
 #       the fused state backward); KCP world 8 with --busy-us 3000 (a stretch is enqueued
 #       before it starts, so rank 0 is not charged the host's enqueue time)
 #
-set -u
-export PYTHONUNBUFFERED=1
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/s18"
-SRC=$(ls -d "$PWD"/packages/*/src | tr '\n' ':')
-export PYTHONPATH="${SRC%:}"
-LOG=$OUT/s18
-{ nvidia-smi --query-gpu=name,driver_version --format=csv
-  python3 -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)"
-  git log --oneline -1 2>/dev/null
-} > "$LOG/env.txt" 2>&1
-SHAPES6="B1,T32768,H16,HV32,D8;B1,T8192,H16;B1,T32768,H16;B4,T8192,H16;B1,T32768,H16,D8;B1,T65536,H16,D16"
-START=$(date +%s)
+TAG=s18
+source "$(dirname "$0")/h200_lib.sh"
 
 step1() {
   timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
@@ -44,15 +34,10 @@ step1() {
   OUT=$LOG STAGES=bits BITS_TIMEOUT=$(( left > 60 ? left - 50 : 10 )) bash tools/h200_validate.sh
 }
 
-step2() {
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-base .whl-base/*.whl
-  echo "whl-base exit $?"
-}
+step2() { install_base; }
 
 step3() {
-  [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: run step 2 first, right before"; return 1; }
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla .whl-fla/*.whl
+  install_anchors || return 1
   local base=$PYTHONPATH
   export PYTHONPATH="$base:/tmp/site:/tmp/site-base"
   timeout 400 python3 benchmarks/bench_gdn_train.py --arms det --compare flashqla --warmup 5 \
@@ -73,12 +58,6 @@ step3() {
   else echo "no time left for KCP (${left} s)"; fi
 }
 
-e2e() {  # $1 label, $2 shapes (time and peak memory: e2e_<label>.json); env set by the caller
-  timeout 150 python3 benchmarks/bench_gdn_train.py --arms det --warmup 5 --iters 20 \
-    --shapes "$2" --acc-shapes none --json "$LOG/e2e_${1//[^A-Za-z0-9_]/_}.json" \
-    2>&1 | grep -E "^\[.*(shape|det )" | sed "s/^/$1 /" | tee -a "$LOG/e2e.txt"
-}
-
 step4() {  # the longest-first order of the fused state backward; KCP without host charging
   e2e order0 "$SHAPES6"
   GDN_CORE_DOC_ORDER=1 e2e order1 "$SHAPES6"
@@ -93,4 +72,4 @@ case "${1:-}" in
   4) step4 ;;
   *) echo "usage: bash tools/h200_s18_validate.sh 1|2|3|4"; exit 2 ;;
 esac
-tar czf "$OUT/s18_${1}.tgz" -C "$OUT" s18 && rm -rf "$OUT/s18"
+pack "$1"
