@@ -23,44 +23,11 @@
 TAG=s17
 source "$(dirname "$0")/h200_lib.sh"
 
-step1() {
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
-    -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra packages/gdn-core/tests \
-    packages/gdn-det-train/tests packages/gdn-train/tests packages/gdn-det-train-kcp/tests \
-    > "$LOG/gpu_tests.log" 2>&1
-  echo "gpu tests exit $?"; grep -cE "PASSED" "$LOG/gpu_tests.log"
-  grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/gpu_tests.log" | sort | uniq | tail -25
-  timeout 90 python3 benchmarks/profile_gdn.py --shapes 1x32768x16x8,1x32768x16x1,1x8192x16x1 \
-    --segments 4096 --iters 10 --rows 16 > "$LOG/profile_det.txt" 2>&1
-  echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det.txt" | cut -c1-60,150-200
-  local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
-  echo "bits with ${left} s left"
-  OUT=$LOG STAGES=bits BITS_TIMEOUT=$(( left > 60 ? left - 50 : 10 )) bash tools/h200_validate.sh
-}
+step1() { suite_step; }
 
 step2() { install_base; }
 
-step3() {
-  install_anchors || return 1
-  local base=$PYTHONPATH
-  export PYTHONPATH="$base:/tmp/site:/tmp/site-base"
-  timeout 400 python3 benchmarks/bench_gdn_train.py --arms det --compare flashqla --warmup 5 \
-    --iters 20 --shapes "$SHAPES6" --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 \
-    --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
-  echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla |warm compile done)" "$LOG/qla.md" | cut -c1-200
-  PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout 80 python3 \
-    benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 > "$LOG/host_T1024_fla.txt" 2>&1
-  echo "host exit $?"; cat "$LOG/host_T1024_fla.txt"
-  [[ -n ${S3_PROBES:-} ]] && for p in $S3_PROBES; do
-    timeout 90 python3 "benchmarks/$p" > "$LOG/${p%.py}.txt" 2>&1
-    echo "$p exit $?"; cut -c1-200 "$LOG/${p%.py}.txt" | tail -24
-  done
-  local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
-  if (( left > 100 )); then
-    OUT=$LOG STAGES=kcp KCP_WORLDS="8" KCP_TIMEOUT=$(( left - 20 )) \
-      KCP_EXTRA="--warmup 3 --iters 20" bash tools/h200_validate.sh
-  else echo "no time left for KCP (${left} s)"; fi
-}
+step3() { anchors_step; }
 
 step4() {  # (carry [".whl-base"]) the fused state stage in both reverse passes of det
   step2
