@@ -239,13 +239,13 @@ def gluon_state_reports() -> None:
                          num_warps=4)
         cfg = chunk_state_config(K, K, 2, programs=128)
         print(f"H={H} HV={HV} Triton BV={cfg['BV']}")
-        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need H HV
+        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order H HV
         report(_chunk_state_fwd_kernel, ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16",
-                                         "*bf16", "*fp32", "*i32", "*i32", "*i32", "i32:16",
-                                         "i32:16"],
+                                         "*bf16", "*fp32", "*i32", "*i32", "*i32", "*i32",
+                                         "i32:16", "i32:16"],
                dict(GROUP=HV // H, K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                     USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
-                    STORE_FINAL=True, PREC="tf32"),
+                    STORE_FINAL=True, PREC="tf32", ORDERED=False),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -455,22 +455,25 @@ def fused_fwd_reports() -> None:
         hty = "i32:16" if H % 16 == 0 else "i32"
         cfg = chunk_fwd_fused_config(K, K)
         pinned = (cfg["BV"], cfg["num_warps"], cfg["num_stages"])
-        for bv, warps, stages in (pinned, (64, 4, 2), (64, 4, 3), (32, 4, 1), (128, 8, 1)):
+        for bv, warps, stages, ordered in ((*pinned, False), (*pinned, True), (64, 4, 2, False),
+                                           (64, 4, 3, False), (32, 4, 1, False),
+                                           (128, 8, 1, False)):
             tag = " (pinned)" if (bv, warps, stages) == pinned else ""
+            tag += " ORDERED" if ordered else ""
             print(f"H={H} HV={HV} fused BV={bv}{tag}")
-            # q k W U G h0 o ht doc_offsets scale (H, HV are constexpr)
-            report(_chunk_fwd_fused_kernel, [bf] * 4 + [f32, f32, bf, f32, i32, "fp32"],
+            # q k W U G h0 o ht doc_offsets doc_order scale (H, HV are constexpr)
+            report(_chunk_fwd_fused_kernel, [bf] * 4 + [f32, f32, bf, f32, i32, i32, "fp32"],
                    dict(H=H, HV=HV, GROUP=HV // H, K=K, V=K, BT=64, BK=cfg["BK"], BV=bv,
-                        USE_H0=True, STORE_FINAL=True, PREC="tf32"),
+                        USE_H0=True, STORE_FINAL=True, PREC="tf32", ORDERED=ordered),
                    num_warps=warps, num_stages=stages)
         cfg = chunk_state_config(K, K, 2, programs=128)
         print(f"H={H} HV={HV} Triton _chunk_state_fwd_kernel BV={cfg['BV']}")
-        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need H HV
-        report(_chunk_state_fwd_kernel, [bf] * 3 + [f32, f32, bf, bf, f32, i32, i32, i32, hty,
-                                                    "i32:16"],
+        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order H HV
+        report(_chunk_state_fwd_kernel, [bf] * 3 + [f32, f32, bf, bf, f32, i32, i32, i32, i32,
+                                                    hty, "i32:16"],
                dict(GROUP=HV // H, K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                     USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
-                    STORE_FINAL=True, PREC="tf32"),
+                    STORE_FINAL=True, PREC="tf32", ORDERED=False),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         cfg = chunk_output_config(K, K)
         print(f"H={H} HV={HV} Triton _chunk_output_fwd_kernel BK={cfg['BK']} BV={cfg['BV']}")

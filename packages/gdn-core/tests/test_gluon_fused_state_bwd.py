@@ -143,19 +143,3 @@ def test_all_leaves_out_the_stages_run_by_name_only(monkeypatch):
     assert gluon.requested("state_bwd") and not gluon.requested("fused_state")
     monkeypatch.setenv(gluon.GLUON_ENV, "fused_state")
     assert gluon.requested("fused_state") and not gluon.requested("state_bwd")
-
-
-def test_doc_order_is_longest_first():
-    """``ChunkIndex.doc_order``: every document once, by chunk count, most first, equal counts
-    (and empty documents) in document order; built in the index's one host→device copy."""
-    from gdn_core.chunking import ChunkIndex, longest_first
-
-    lengths = [5, 130, 0, 64, 65, 129, 1, 200]  # chunks 1, 3, 0, 1, 2, 3, 1, 4
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    index = ChunkIndex.build(offs, "cpu")
-    assert index.doc_order.dtype == torch.int32
-    assert index.doc_order.tolist() == [7, 1, 5, 4, 0, 3, 6, 2]
-    assert longest_first(index.chunk_offsets) == [7, 1, 5, 4, 0, 3, 6, 2]
-    assert longest_first([0]) == []

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from gdn_core.hostcache import LRUCache, capturing, device_key, pack_tables, tensor_values
+from gdn_core.switches import DOC_ORDER_ENV, switch_setting
 
 CHUNK_SIZE = 64
 
@@ -43,6 +44,7 @@ __all__ = [
     "ChunkIndex",
     "chunk_host_tables",
     "longest_first",
+    "ordered_docs",
     "chunk_index",
     "document_bounds",
     "host_offsets",
@@ -164,6 +166,15 @@ class ChunkIndex:
             doc_order=order,
         )
         return index, rest
+
+
+def ordered_docs(index: ChunkIndex) -> torch.Tensor | None:
+    """``index.doc_order`` where ``GDN_CORE_DOC_ORDER=1`` asks for it and the index has one
+    (a padded index has none), else ``None``: a launch that walks one document a program
+    then takes its documents in that order, from a document-major grid."""
+    if index.doc_order is None or switch_setting(DOC_ORDER_ENV) is not True:
+        return None
+    return index.doc_order
 
 
 def longest_first(chunk_offsets: Sequence[int]) -> list[int]:

@@ -24,11 +24,12 @@ FUSED_FWD_ENV = "GDN_CORE_FUSED_FWD"
 #: ``[T, HV, 128]`` 16-bit less at the backward's peak (18-20 % of the fwd+bwd peak)
 BWD_ALIAS_ENV = "GDN_CORE_BWD_ALIAS"
 
-#: the fused state backward (:mod:`gdn_core.ops.gluon.fused_state_bwd`) takes its programs'
-#: documents longest first (:attr:`gdn_core.chunking.ChunkIndex.doc_order`) instead of in
-#: document order: the same bits; its wave tail shorter where programs outnumber the SMs
-#: (list scheduling of session 17's 8-document segments: 102 → 67 chunk steps). ``1`` on;
-#: unset or ``0`` off, the default until the H200 has run it
+#: the kernels that walk one document (segment) a program take their documents longest
+#: first (:func:`gdn_core.chunking.ordered_docs`, a document-major grid): the fused state
+#: backward (Gluon), the state forward and the fused forward (Triton). The same bits; a
+#: shorter wave tail where the programs outnumber the SMs (list scheduling of session 17's
+#: 8-document segments, one program an SM: 102 → 67 chunk steps). ``1`` on; unset or ``0``
+#: off, the default until the H200 has run it
 DOC_ORDER_ENV = "GDN_CORE_DOC_ORDER"
 
 #: how the WY forward kernel inverts ``I + A`` (:func:`gdn_core.ops.wy.wy_fwd`): ``subst``

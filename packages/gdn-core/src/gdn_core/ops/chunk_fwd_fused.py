@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_core.chunking import ChunkIndex
+from gdn_core.chunking import ChunkIndex, ordered_docs
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
@@ -52,6 +52,7 @@ def _chunk_fwd_fused_kernel(
     o,
     ht,
     doc_offsets,
+    doc_order,
     scale,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -64,13 +65,18 @@ def _chunk_fwd_fused_kernel(
     USE_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
     PREC: tl.constexpr,
+    ORDERED: tl.constexpr = False,
 ):
     # H, HV are constexpr (unlike the two kernels'): compile-time row strides let the
     # address tiles fold into immediates — at bf16 K = V = 128 that is the difference
     # between ~170 bytes of spills and none.
     i_v = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    if ORDERED:  # a document-major grid, its documents longest first
+        i_hv = tl.program_id(1)
+        i_n = tl.load(doc_order + tl.program_id(2))
+    else:
+        i_n = tl.program_id(1)
+        i_hv = tl.program_id(2)
     i_h = i_hv // GROUP
     bos = tl.load(doc_offsets + i_n).to(tl.int64)
     eos = tl.load(doc_offsets + i_n + 1).to(tl.int64)
@@ -274,9 +280,12 @@ def chunk_fwd_fused(
     cfg = chunk_fwd_fused_config(K, V)
     if CONFIG_OVERRIDE:
         cfg.update({key: CONFIG_OVERRIDE[key] for key in _OVERRIDABLE if key in CONFIG_OVERRIDE})
-    grid = (triton.cdiv(V, cfg["BV"]), N, HV)
+    order = ordered_docs(index)
+    nv = triton.cdiv(V, cfg["BV"])
+    grid = (nv, N, HV) if order is None else (nv, HV, N)
     _CHUNK_FWD_FUSED_KERNEL[grid](
-        q, k, W, U, G, initial_state, o, final, index.doc_offsets, float(scale), H=H, HV=HV,
+        q, k, W, U, G, initial_state, o, final, index.doc_offsets, order, float(scale),
+        ORDERED=order is not None, H=H, HV=HV,
         GROUP=group, K=K, V=V, BT=index.chunk_size, BK=cfg["BK"], BV=cfg["BV"],
         USE_H0=initial_state is not None, STORE_FINAL=output_final_state,
         PREC="ieee" if k.dtype == torch.float32 else "tf32",

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gdn_core.chunking import ChunkIndex
+from gdn_core.chunking import ChunkIndex, ordered_docs
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
@@ -50,6 +50,7 @@ def _chunk_state_fwd_kernel(
     doc_offsets,
     doc_chunk_offsets,
     need,
+    doc_order,
     H,
     HV,
     GROUP: tl.constexpr,
@@ -66,11 +67,16 @@ def _chunk_state_fwd_kernel(
     STORE_VNEW: tl.constexpr,
     STORE_FINAL: tl.constexpr,
     PREC: tl.constexpr,
+    ORDERED: tl.constexpr = False,
 ):
     # V: the state's width; VU: the columns that take U (the rest take zero).
     i_v = tl.program_id(0)
-    i_n = tl.program_id(1)
-    i_hv = tl.program_id(2)
+    if ORDERED:  # a document-major grid, its documents longest first
+        i_hv = tl.program_id(1)
+        i_n = tl.load(doc_order + tl.program_id(2))
+    else:
+        i_n = tl.program_id(1)
+        i_hv = tl.program_id(2)
     i_h = i_hv // GROUP
     if HAS_NEED:
         flags = tl.load(need + i_n)
@@ -278,13 +284,15 @@ def chunk_state_fwd(
                     final[..., VU:].copy_(torch.eye(K, dtype=torch.float32, device=dev))
         return h, v_new, final
     cfg = chunk_state_config(K, V, k.element_size(), programs=N * HV)
-    grid = (triton.cdiv(V, cfg["BV"]), N, HV)
+    order = ordered_docs(index)
+    nv = triton.cdiv(V, cfg["BV"])
+    grid = (nv, N, HV) if order is None else (nv, HV, N)
     _CHUNK_STATE_FWD_KERNEL[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,
-        need, H, HV, GROUP=group, K=K, V=V, VU=VU, BT=index.chunk_size, BK=cfg["BK"],
-        BV=cfg["BV"], USE_H0=initial_state is not None, H0_EYE=identity_state,
-        HAS_NEED=need is not None, STORE_H=store_states, STORE_VNEW=store_v_new,
-        STORE_FINAL=output_final_state,
+        need, order, H, HV, ORDERED=order is not None, GROUP=group, K=K, V=V, VU=VU,
+        BT=index.chunk_size, BK=cfg["BK"], BV=cfg["BV"], USE_H0=initial_state is not None,
+        H0_EYE=identity_state, HAS_NEED=need is not None, STORE_H=store_states,
+        STORE_VNEW=store_v_new, STORE_FINAL=output_final_state,
         PREC="ieee" if k.dtype == torch.float32 else "tf32",
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

@@ -99,7 +99,7 @@ from __future__ import annotations
 
 import torch
 
-from gdn_core.chunking import ChunkIndex
+from gdn_core.chunking import ChunkIndex, ordered_docs
 from gdn_core.ops.gluon.chunk_state_bwd import _zero_rows, prepare_state_bwd
 from gdn_core.ops.gluon.lang import (
     fence_async_shared,
@@ -113,7 +113,6 @@ from gdn_core.ops.gluon.lang import (
 from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
-from gdn_core.switches import DOC_ORDER_ENV, switch_setting
 
 __all__ = [
     "GLUON_FUSED_STATE_A_REGS",
@@ -480,15 +479,15 @@ def fused_state_bwd_gluon(
     # descriptors the kernel never uses (store=False) still need a 16-bit tensor
     dummy = None if store else torch.empty(K, V, dtype=q.dtype, device=dev)
     descs = _descriptors(q, k, W, do, dv if store else do, dh if store else dummy)
-    ordered = index.doc_order is not None and switch_setting(DOC_ORDER_ENV) is True
+    order = ordered_docs(index)
     _FUSED_STATE_BWD_GLUON_KERNEL[(HV, N)](
         *descs.values(), G, dht if dht is not None else dh0, dv if store else dh0, dh0,
         index.doc_offsets, index.doc_chunk_offsets,
         need if need is not None else index.doc_chunk_offsets,
-        index.doc_order if ordered else index.doc_chunk_offsets, float(scale), HV,
+        index.doc_chunk_offsets if order is None else order, float(scale), HV,
         GROUP=group, K=K, V=V, BT=_BT, STAGES=GLUON_FUSED_STATE_STAGES,
         DSTAGES=GLUON_FUSED_STATE_DSTAGES, USE_DHT=dht is not None,
         HAS_NEED=need is not None, STORE=store, A_REGS=GLUON_FUSED_STATE_A_REGS,
-        ORDERED=ordered, num_warps=8, maxnreg=_MAXNREG,
+        ORDERED=order is not None, num_warps=8, maxnreg=_MAXNREG,
     )
     return dh, dv, dh0

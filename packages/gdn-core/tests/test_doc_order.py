@@ -1,0 +1,122 @@
+"""``GDN_CORE_DOC_ORDER``: the kernels that walk one document a program take their documents
+longest first (``ChunkIndex.doc_order``, a document-major grid) and give the same bits.
+
+Without a GPU the Triton kernels run under the interpreter (one program after another, so
+only the mapping is checked here, not the dispatch order it is for); the fused state
+backward's Gluon kernel is checked on the GPU (``test_gluon_fused_state_bwd_gpu.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_core import reference as R
+from gdn_core.chunking import ChunkIndex, longest_first, ordered_docs
+from gdn_core.ops import chunk_state_fwd
+from gdn_core.ops.chunk_fwd_fused import chunk_fwd_fused
+from gdn_core.switches import DOC_ORDER_ENV
+from gdn_core.testkit import offsets_of
+
+LENGTHS = [5, 130, 0, 64, 65, 129, 1, 200]  # chunks 1, 3, 0, 1, 2, 3, 1, 4
+
+
+def test_doc_order_is_longest_first():
+    """Every document once, by chunk count, most first, equal counts (and empty documents)
+    in document order; built in the index's one host→device copy."""
+    index = ChunkIndex.build(offsets_of(LENGTHS), "cpu")
+    assert index.doc_order.dtype == torch.int32
+    assert index.doc_order.tolist() == [7, 1, 5, 4, 0, 3, 6, 2]
+    assert longest_first(index.chunk_offsets) == [7, 1, 5, 4, 0, 3, 6, 2]
+    assert longest_first([0]) == []
+
+
+def test_ordered_docs_follows_the_switch(monkeypatch):
+    index = ChunkIndex.build(offsets_of(LENGTHS), "cpu")
+    monkeypatch.delenv(DOC_ORDER_ENV, raising=False)
+    assert ordered_docs(index) is None
+    monkeypatch.setenv(DOC_ORDER_ENV, "0")
+    assert ordered_docs(index) is None
+    monkeypatch.setenv(DOC_ORDER_ENV, "1")
+    assert ordered_docs(index) is index.doc_order
+    monkeypatch.setenv(DOC_ORDER_ENV, "yes")
+    with pytest.raises(ValueError, match=DOC_ORDER_ENV):
+        ordered_docs(index)
+
+
+def _problem(H=1, HV=2, K=32, V=32, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    offs = offsets_of(LENGTHS)
+    T, bounds = offs[-1], list(zip(offs[:-1], offs[1:]))
+    q = R.l2_normalize(torch.randn(T, H, K, generator=gen))
+    k = R.l2_normalize(torch.randn(T, H, K, generator=gen))
+    v = torch.randn(T, HV, V, generator=gen)
+    g = -torch.rand(T, HV, generator=gen) * 0.3 - 0.01
+    beta = torch.rand(T, HV, generator=gen) * 0.9 + 0.05
+    G = R.chunk_cumsum_ref(g, bounds)
+    _, W, U = R.wy_ref(k.repeat_interleave(HV // H, dim=1), v, beta, G, bounds)
+    h0 = torch.randn(len(LENGTHS), HV, K, V, generator=gen) * 0.5
+    return q, k, W, U, G, ChunkIndex.build(offs, "cpu"), HV // H, h0
+
+
+@pytest.mark.parametrize("need", [False, True])
+def test_state_forward_bits_in_either_order(monkeypatch, need):
+    q, k, W, U, G, index, group, h0 = _problem()
+    kw = dict(output_final_state=True, store_states=True)
+    if need:  # the segment summaries' launch: [E | M] of the flagged documents only
+        flags = torch.tensor([1, 3, 0, 2, 3, 0, 1, 3], dtype=torch.int32)
+        h0 = None
+        kw = dict(output_final_state=True, store_states=False, identity_state=True,
+                  state_width=U.shape[-1] + k.shape[-1], store_v_new=False, need=flags)
+
+    def run(value):
+        monkeypatch.setenv(DOC_ORDER_ENV, value)
+        return chunk_state_fwd(k, W, U, G, index, group, h0, **kw)
+
+    plain, ordered = run("0"), run("1")
+    if not need:
+        for a, b in zip(plain, ordered, strict=True):
+            assert torch.equal(a, b)
+        return
+    assert plain[0] is None and ordered[0] is None and plain[1] is None and ordered[1] is None
+    VU = U.shape[-1]
+    for n, f in enumerate(flags.tolist()):  # what is not asked for stays unwritten
+        if f & 1:
+            assert torch.equal(plain[2][n, ..., :VU], ordered[2][n, ..., :VU]), n
+        if f & 2:
+            assert torch.equal(plain[2][n, ..., VU:], ordered[2][n, ..., VU:]), n
+
+
+def test_fused_forward_bits_in_either_order(monkeypatch):
+    q, k, W, U, G, index, group, h0 = _problem(H=2, HV=2, K=32, V=48)
+
+    def run(value):
+        monkeypatch.setenv(DOC_ORDER_ENV, value)
+        return chunk_fwd_fused(q, k, W, U, G, 0.37, index, group, initial_state=h0,
+                               output_final_state=True)
+
+    for a, b in zip(run("0"), run("1"), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_det_call_bits_in_either_order(monkeypatch):
+    """A det forward+backward in segments of 64 tokens (summaries, fold, last phase):
+    the same output, final state and gradients with the switch on and off."""
+    import gdn_det_train
+
+    gen = torch.Generator().manual_seed(3)
+    T, H, D = sum(LENGTHS), 1, 16
+    q, k = (torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1)
+            for _ in range(2))
+    v, do = torch.randn(1, T, H, D, generator=gen), torch.randn(1, T, H, D, generator=gen)
+    g, beta = -torch.rand(1, T, H, generator=gen) / 8, torch.rand(1, T, H, generator=gen)
+
+    def run(value):
+        monkeypatch.setenv(DOC_ORDER_ENV, value)
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
+        o, ht = gdn_det_train.chunk_gated_delta_rule_det(
+            *leaves, cu_seqlens=offsets_of(LENGTHS), output_final_state=True, segment_size=64)
+        o.backward(do)
+        return [o.detach(), ht.detach()] + [x.grad for x in leaves]
+
+    for a, b in zip(run("0"), run("1"), strict=True):
+        assert torch.equal(a, b)
