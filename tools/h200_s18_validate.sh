@@ -12,8 +12,8 @@
 #       det against FlashQLA on issue 19's six shapes in one run (time, peak), host time
 #       against fla, KCP world 8 (20 iterations)
 #   call 4 (no carry): bash tools/h200_s18_validate.sh 4
-#       det at the six shapes with GDN_CORE_DOC_ORDER=0 and =1 (longest-first programs of
-#       the fused state backward); KCP world 8 with --busy-us 3000 (a stretch is enqueued
+#       det at the six shapes with GDN_CORE_DOC_ORDER=0 and =1 (longest-first programs of the
+#       state-walking kernels); KCP world 8 with --busy-us 3000 (a stretch is enqueued
 #       before it starts, so rank 0 is not charged the host's enqueue time)
 #
 TAG=s18

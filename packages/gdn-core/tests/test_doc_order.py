@@ -101,7 +101,7 @@ def test_fused_forward_bits_in_either_order(monkeypatch):
 def test_det_call_bits_in_either_order(monkeypatch):
     """A det forward+backward in segments of 64 tokens (summaries, fold, last phase):
     the same output, final state and gradients with the switch on and off."""
-    import gdn_det_train
+    from gdn_core.autograd import chunk_gdn_autograd
 
     gen = torch.Generator().manual_seed(3)
     T, H, D = sum(LENGTHS), 1, 16
@@ -113,8 +113,46 @@ def test_det_call_bits_in_either_order(monkeypatch):
     def run(value):
         monkeypatch.setenv(DOC_ORDER_ENV, value)
         leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
-        o, ht = gdn_det_train.chunk_gated_delta_rule_det(
-            *leaves, cu_seqlens=offsets_of(LENGTHS), output_final_state=True, segment_size=64)
+        o, ht = chunk_gdn_autograd(*leaves, cu_seqlens=offsets_of(LENGTHS), deterministic=True,
+                                   output_final_state=True, segment_size=64)
+        o.backward(do)
+        return [o.detach(), ht.detach()] + [x.grad for x in leaves]
+
+    for a, b in zip(run("0"), run("1"), strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("gluon_stages", [None, "grads,fused_state", "none"])
+def test_det_call_bits_in_either_order_on_the_gpu(monkeypatch, gluon_stages):
+    """bf16, K = V = 128, 30 documents in segments of 256 tokens (more programs than SMs in
+    the state launches): the det forward+backward gives the same bits with the switch on
+    and off, with the default kernels, the fused state backward named, and Triton only."""
+    from gdn_core.autograd import chunk_gdn_autograd
+    from gdn_core.ops import gluon
+
+    if gluon_stages is None:
+        monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    else:
+        monkeypatch.setenv(gluon.GLUON_ENV, gluon_stages)
+    lengths = [64 * n + 7 for n in (3, 40, 1, 17, 12, 9, 33, 2, 20, 6)] * 3
+    gen = torch.Generator().manual_seed(4)
+    T, H, D = sum(lengths), 4, 128
+    q, k = (torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1)
+            for _ in range(2))
+    v, do = torch.randn(1, T, H, D, generator=gen), torch.randn(1, T, H, D, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen) + 2.0) * 0.5
+    beta = torch.rand(1, T, H, generator=gen)
+    base = [x.cuda().to(torch.float32 if i == 3 else torch.bfloat16)
+            for i, x in enumerate((q, k, v, g, beta))]
+    do = do.cuda().bfloat16()
+
+    def run(value):
+        monkeypatch.setenv(DOC_ORDER_ENV, value)
+        leaves = [x.clone().requires_grad_(True) for x in base]
+        o, ht = chunk_gdn_autograd(*leaves, cu_seqlens=offsets_of(lengths), deterministic=True,
+                                   output_final_state=True, segment_size=256)
         o.backward(do)
         return [o.detach(), ht.detach()] + [x.grad for x in leaves]
 
