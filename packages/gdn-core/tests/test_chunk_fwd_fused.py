@@ -23,6 +23,7 @@ from gdn_core.ops import chunk_fwd_fused as fused_mod
 from gdn_core.ops import chunk_output_fwd, chunk_state_fwd
 from gdn_core.ops.chunk_fwd_fused import chunk_fwd_fused
 from gdn_core.ops.registry import record_launches
+from gdn_core.testkit import offsets_of, state_fwd_inputs
 
 TOL = {torch.float32: 1e-4, torch.float16: 5e-3}
 LENGTHS = [0, 5, 64, 150, 40]  # empty, shorter than a chunk, one chunk, 3 chunks, short
@@ -33,29 +34,8 @@ _interpreted = type(fused_mod._chunk_fwd_fused_kernel).__name__ == "InterpretedF
 needs_interpreter = pytest.mark.skipif(not _interpreted, reason="interpreter test (no GPU)")
 
 
-def _offsets(lengths):
-    offs = [0]
-    for n in lengths:
-        offs.append(offs[-1] + n)
-    return offs
-
-
 def _problem(lengths, H, HV, K, V, dtype, seed=0):
-    gen = torch.Generator().manual_seed(seed)
-    offs = _offsets(lengths)
-    T, group = offs[-1], HV // H
-    bounds = list(zip(offs[:-1], offs[1:]))
-    q = R.l2_normalize(torch.randn(T, H, K, generator=gen))
-    k = R.l2_normalize(torch.randn(T, H, K, generator=gen))
-    v = torch.randn(T, HV, V, generator=gen)
-    g = -torch.rand(T, HV, generator=gen) * 0.3 - 0.01
-    beta = torch.rand(T, HV, generator=gen) * 0.9 + 0.05
-    G = R.chunk_cumsum_ref(g, bounds)
-    ke = k.to(dtype).float().repeat_interleave(group, dim=1)
-    _, W, U = R.wy_ref(ke, v.to(dtype).float(), beta.to(dtype).float(), G, bounds)
-    h0 = torch.randn(len(lengths), HV, K, V, generator=gen) * 0.5
-    return dict(q=q.to(dtype), k=k.to(dtype), W=W.to(dtype), U=U.to(dtype), G=G,
-                index=ChunkIndex.build(offs, "cpu"), group=group, bounds=bounds, h0=h0)
+    return state_fwd_inputs(lengths, H, HV, K, V, dtype, seed)
 
 
 def _fused(p, h0, final=True, scale=0.37):
@@ -209,7 +189,7 @@ def test_segment_finish_routes_to_the_fused_kernel(monkeypatch, h0):
         with record_launches() as launches:
             o, fin, saved = chunk_gdn_fwd(
                 q, k, v, g, beta, initial_state=init, output_final_state=True,
-                cu_seqlens=_offsets(lengths), use_qk_l2norm_in_kernel=True, deterministic=True,
+                cu_seqlens=offsets_of(lengths), use_qk_l2norm_in_kernel=True, deterministic=True,
                 backend="triton", segment_size=64)
         return o, fin, saved, [x.name.rsplit(".", 1)[-1] for x in launches]
 

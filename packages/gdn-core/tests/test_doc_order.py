@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex, longest_first, ordered_docs
 from gdn_core.ops import chunk_state_fwd
 from gdn_core.ops.chunk_fwd_fused import chunk_fwd_fused
 from gdn_core.switches import DOC_ORDER_ENV
-from gdn_core.testkit import offsets_of
+from gdn_core.testkit import offsets_of, state_fwd_inputs
 
 LENGTHS = [5, 130, 0, 64, 65, 129, 1, 200]  # chunks 1, 3, 0, 1, 2, 3, 1, 4
 
@@ -43,19 +42,49 @@ def test_ordered_docs_follows_the_switch(monkeypatch):
         ordered_docs(index)
 
 
+def _grids(monkeypatch) -> list[tuple[str, tuple, object]]:
+    """Record every interpreted launch's ``(kernel, grid, ORDERED)`` (then run it)."""
+    import triton.runtime.interpreter as interp
+
+    log, run = [], interp.InterpretedFunction.run
+
+    def spy(self, *args, grid, warmup, **kwargs):
+        log.append((self.fn.__name__, tuple(grid), kwargs.get("ORDERED")))
+        return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    monkeypatch.setattr(interp.InterpretedFunction, "run", spy)
+    return log
+
+
 def _problem(H=1, HV=2, K=32, V=32, seed=0):
+    p = state_fwd_inputs(LENGTHS, H, HV, K, V, seed=seed)
+    return (*(p[n] for n in ("q", "k", "W", "U", "G", "index", "group", "h0")),)
+
+
+def _det_inputs(lengths, H, D, seed, device="cpu", dtype=torch.float32):
+    """Leaves ``q, k, v, g, beta`` (``[1, T, ...]``; g fp32) and ``do`` of a det call."""
     gen = torch.Generator().manual_seed(seed)
-    offs = offsets_of(LENGTHS)
-    T, bounds = offs[-1], list(zip(offs[:-1], offs[1:]))
-    q = R.l2_normalize(torch.randn(T, H, K, generator=gen))
-    k = R.l2_normalize(torch.randn(T, H, K, generator=gen))
-    v = torch.randn(T, HV, V, generator=gen)
-    g = -torch.rand(T, HV, generator=gen) * 0.3 - 0.01
-    beta = torch.rand(T, HV, generator=gen) * 0.9 + 0.05
-    G = R.chunk_cumsum_ref(g, bounds)
-    _, W, U = R.wy_ref(k.repeat_interleave(HV // H, dim=1), v, beta, G, bounds)
-    h0 = torch.randn(len(LENGTHS), HV, K, V, generator=gen) * 0.5
-    return q, k, W, U, G, ChunkIndex.build(offs, "cpu"), HV // H, h0
+    T = sum(lengths)
+    q, k = (torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1)
+            for _ in range(2))
+    v, do = torch.randn(1, T, H, D, generator=gen), torch.randn(1, T, H, D, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen) + 2.0) * 0.5
+    beta = torch.rand(1, T, H, generator=gen)
+    leaves = [x.to(device, torch.float32 if i == 3 else dtype)
+              for i, x in enumerate((q, k, v, g, beta))]
+    return leaves, do.to(device, dtype)
+
+
+def _det_bits(monkeypatch, value, base, do, lengths, segment_size):
+    """Output, final state and every gradient of a det call with ``GDN_CORE_DOC_ORDER``."""
+    from gdn_core.autograd import chunk_gdn_autograd
+
+    monkeypatch.setenv(DOC_ORDER_ENV, value)
+    leaves = [x.clone().requires_grad_(True) for x in base]
+    o, ht = chunk_gdn_autograd(*leaves, cu_seqlens=offsets_of(lengths), deterministic=True,
+                               output_final_state=True, segment_size=segment_size)
+    o.backward(do)
+    return [o.detach(), ht.detach()] + [x.grad for x in leaves]
 
 
 @pytest.mark.parametrize("need", [False, True])
@@ -72,7 +101,11 @@ def test_state_forward_bits_in_either_order(monkeypatch, need):
         monkeypatch.setenv(DOC_ORDER_ENV, value)
         return chunk_state_fwd(k, W, U, G, index, group, h0, **kw)
 
+    launches = _grids(monkeypatch)
     plain, ordered = run("0"), run("1")
+    (_, g0, o0), (_, g1, o1) = launches  # (V/BV, N, HV), then document-major (V/BV, HV, N)
+    N, HV = index.num_docs, W.shape[1]
+    assert (g0[1:], o0, g1[1:], o1) == ((N, HV), False, (HV, N), True)
     if not need:
         for a, b in zip(plain, ordered, strict=True):
             assert torch.equal(a, b)
@@ -94,31 +127,19 @@ def test_fused_forward_bits_in_either_order(monkeypatch):
         return chunk_fwd_fused(q, k, W, U, G, 0.37, index, group, initial_state=h0,
                                output_final_state=True)
 
+    launches = _grids(monkeypatch)
     for a, b in zip(run("0"), run("1"), strict=True):
         assert torch.equal(a, b)
+    N, HV = index.num_docs, W.shape[1]
+    assert [(g[1:], o) for _, g, o in launches] == [((N, HV), False), ((HV, N), True)]
 
 
 def test_det_call_bits_in_either_order(monkeypatch):
     """A det forward+backward in segments of 64 tokens (summaries, fold, last phase):
     the same output, final state and gradients with the switch on and off."""
-    from gdn_core.autograd import chunk_gdn_autograd
-
-    gen = torch.Generator().manual_seed(3)
-    T, H, D = sum(LENGTHS), 1, 16
-    q, k = (torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1)
-            for _ in range(2))
-    v, do = torch.randn(1, T, H, D, generator=gen), torch.randn(1, T, H, D, generator=gen)
-    g, beta = -torch.rand(1, T, H, generator=gen) / 8, torch.rand(1, T, H, generator=gen)
-
-    def run(value):
-        monkeypatch.setenv(DOC_ORDER_ENV, value)
-        leaves = [x.clone().requires_grad_(True) for x in (q, k, v, g, beta)]
-        o, ht = chunk_gdn_autograd(*leaves, cu_seqlens=offsets_of(LENGTHS), deterministic=True,
-                                   output_final_state=True, segment_size=64)
-        o.backward(do)
-        return [o.detach(), ht.detach()] + [x.grad for x in leaves]
-
-    for a, b in zip(run("0"), run("1"), strict=True):
+    base, do = _det_inputs(LENGTHS, 1, 16, seed=3)
+    plain, ordered = (_det_bits(monkeypatch, v, base, do, LENGTHS, 64) for v in ("0", "1"))
+    for a, b in zip(plain, ordered, strict=True):
         assert torch.equal(a, b)
 
 
@@ -129,7 +150,6 @@ def test_det_call_bits_in_either_order_on_the_gpu(monkeypatch, gluon_stages):
     """bf16, K = V = 128, 30 documents in segments of 256 tokens (more programs than SMs in
     the state launches): the det forward+backward gives the same bits with the switch on
     and off, with the default kernels, the fused state backward named, and Triton only."""
-    from gdn_core.autograd import chunk_gdn_autograd
     from gdn_core.ops import gluon
 
     if gluon_stages is None:
@@ -137,24 +157,7 @@ def test_det_call_bits_in_either_order_on_the_gpu(monkeypatch, gluon_stages):
     else:
         monkeypatch.setenv(gluon.GLUON_ENV, gluon_stages)
     lengths = [64 * n + 7 for n in (3, 40, 1, 17, 12, 9, 33, 2, 20, 6)] * 3
-    gen = torch.Generator().manual_seed(4)
-    T, H, D = sum(lengths), 4, 128
-    q, k = (torch.nn.functional.normalize(torch.randn(1, T, H, D, generator=gen), dim=-1)
-            for _ in range(2))
-    v, do = torch.randn(1, T, H, D, generator=gen), torch.randn(1, T, H, D, generator=gen)
-    g = torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen) + 2.0) * 0.5
-    beta = torch.rand(1, T, H, generator=gen)
-    base = [x.cuda().to(torch.float32 if i == 3 else torch.bfloat16)
-            for i, x in enumerate((q, k, v, g, beta))]
-    do = do.cuda().bfloat16()
-
-    def run(value):
-        monkeypatch.setenv(DOC_ORDER_ENV, value)
-        leaves = [x.clone().requires_grad_(True) for x in base]
-        o, ht = chunk_gdn_autograd(*leaves, cu_seqlens=offsets_of(lengths), deterministic=True,
-                                   output_final_state=True, segment_size=256)
-        o.backward(do)
-        return [o.detach(), ht.detach()] + [x.grad for x in leaves]
-
-    for a, b in zip(run("0"), run("1"), strict=True):
+    base, do = _det_inputs(lengths, 4, 128, seed=4, device="cuda", dtype=torch.bfloat16)
+    plain, ordered = (_det_bits(monkeypatch, v, base, do, lengths, 256) for v in ("0", "1"))
+    for a, b in zip(plain, ordered, strict=True):
         assert torch.equal(a, b)

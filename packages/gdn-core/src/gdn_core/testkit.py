@@ -43,6 +43,7 @@ __all__ = [
     "record_calls",
     "sha256",
     "state_bwd_inputs",
+    "state_fwd_inputs",
     "subprocess_env",
     "wy_fp64",
     "wy_inputs",
@@ -238,6 +239,33 @@ def record_calls(monkeypatch, owner, name: str) -> list[tuple[dict, object]]:
 
     monkeypatch.setattr(owner, name, recorded)
     return calls
+
+
+def state_fwd_inputs(lengths, H: int, HV: int, K: int, V: int, dtype: torch.dtype = torch.float32,
+                     seed: int = 0) -> dict:
+    """CPU inputs of the forward's state pass (and of the fused forward) over packed
+    documents of ``lengths``: ``q, k`` ``[T, H, K]`` L2-normalised and ``W, U`` (from the
+    fp32 WY reference on the ``dtype``-rounded k, v, β) in ``dtype``; ``G`` fp32; ``index``
+    (:class:`~gdn_core.chunking.ChunkIndex`), ``group``, ``bounds`` (document spans) and
+    ``h0`` ``[N, HV, K, V]`` fp32, as a dict."""
+    from gdn_core import reference as R
+    from gdn_core.chunking import ChunkIndex
+
+    gen = torch.Generator().manual_seed(seed)
+    offs = offsets_of(lengths)
+    T, group = offs[-1], HV // H
+    bounds = list(zip(offs[:-1], offs[1:]))
+    q = R.l2_normalize(torch.randn(T, H, K, generator=gen))
+    k = R.l2_normalize(torch.randn(T, H, K, generator=gen))
+    v = torch.randn(T, HV, V, generator=gen)
+    g = -torch.rand(T, HV, generator=gen) * 0.3 - 0.01
+    beta = torch.rand(T, HV, generator=gen) * 0.9 + 0.05
+    G = R.chunk_cumsum_ref(g, bounds)
+    ke = k.to(dtype).float().repeat_interleave(group, dim=1)
+    _, W, U = R.wy_ref(ke, v.to(dtype).float(), beta.to(dtype).float(), G, bounds)
+    h0 = torch.randn(len(lengths), HV, K, V, generator=gen) * 0.5
+    return dict(q=q.to(dtype), k=k.to(dtype), W=W.to(dtype), U=U.to(dtype), G=G,
+                index=ChunkIndex.build(offs, "cpu"), group=group, bounds=bounds, h0=h0)
 
 
 def state_bwd_inputs(lengths, H: int, group: int, dtype: torch.dtype, device, *,

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex, ordered_docs
+from gdn_core.ops.doc_walk import doc_grid, doc_program
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
@@ -71,12 +72,7 @@ def _chunk_fwd_fused_kernel(
     # address tiles fold into immediates — at bf16 K = V = 128 that is the difference
     # between ~170 bytes of spills and none.
     i_v = tl.program_id(0)
-    if ORDERED:  # a document-major grid, its documents longest first
-        i_hv = tl.program_id(1)
-        i_n = tl.load(doc_order + tl.program_id(2))
-    else:
-        i_n = tl.program_id(1)
-        i_hv = tl.program_id(2)
+    i_n, i_hv = doc_program(doc_order, ORDERED)
     i_h = i_hv // GROUP
     bos = tl.load(doc_offsets + i_n).to(tl.int64)
     eos = tl.load(doc_offsets + i_n + 1).to(tl.int64)
@@ -281,8 +277,7 @@ def chunk_fwd_fused(
     if CONFIG_OVERRIDE:
         cfg.update({key: CONFIG_OVERRIDE[key] for key in _OVERRIDABLE if key in CONFIG_OVERRIDE})
     order = ordered_docs(index)
-    nv = triton.cdiv(V, cfg["BV"])
-    grid = (nv, N, HV) if order is None else (nv, HV, N)
+    grid = doc_grid(triton.cdiv(V, cfg["BV"]), N, HV, order)
     _CHUNK_FWD_FUSED_KERNEL[grid](
         q, k, W, U, G, initial_state, o, final, index.doc_offsets, order, float(scale),
         ORDERED=order is not None, H=H, HV=HV,

@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 
 from gdn_core.chunking import ChunkIndex, ordered_docs
+from gdn_core.ops.doc_walk import doc_grid, doc_program
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
@@ -71,12 +72,7 @@ def _chunk_state_fwd_kernel(
 ):
     # V: the state's width; VU: the columns that take U (the rest take zero).
     i_v = tl.program_id(0)
-    if ORDERED:  # a document-major grid, its documents longest first
-        i_hv = tl.program_id(1)
-        i_n = tl.load(doc_order + tl.program_id(2))
-    else:
-        i_n = tl.program_id(1)
-        i_hv = tl.program_id(2)
+    i_n, i_hv = doc_program(doc_order, ORDERED)
     i_h = i_hv // GROUP
     if HAS_NEED:
         flags = tl.load(need + i_n)
@@ -285,8 +281,7 @@ def chunk_state_fwd(
         return h, v_new, final
     cfg = chunk_state_config(K, V, k.element_size(), programs=N * HV)
     order = ordered_docs(index)
-    nv = triton.cdiv(V, cfg["BV"])
-    grid = (nv, N, HV) if order is None else (nv, HV, N)
+    grid = doc_grid(triton.cdiv(V, cfg["BV"]), N, HV, order)
     _CHUNK_STATE_FWD_KERNEL[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,
         need, order, H, HV, ORDERED=order is not None, GROUP=group, K=K, V=V, VU=VU,
