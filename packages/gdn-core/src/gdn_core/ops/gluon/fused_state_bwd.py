@@ -1,8 +1,9 @@
 """The reverse state recurrence with ``dv_local`` computed inside, warp-specialised, in
 Gluon for Hopper (sm_90a): step 1 of ``docs/fused_backward.md`` §3.
 
-Opt-in (stage ``fused_state`` of :data:`gdn_core.ops.gluon.STAGES`, not a default), K = V =
-128, chunks of 64, 16-bit inputs. One launch replaces
+Stage ``fused_state`` of :data:`gdn_core.ops.gluon.STAGES` (a default where its launch has
+enough programs: :func:`gdn_core.ops.backward.pick_fused_state`), K = V = 128, chunks of 64,
+16-bit inputs. One launch replaces
 :func:`~gdn_core.ops.dv_local.dv_local_bwd` followed by
 :func:`~gdn_core.ops.chunk_state_bwd.chunk_state_bwd`, with the latter's contract less its
 ``dv_local`` argument: ``dh``, ``dv`` (= ``dV'``), ``dh0``, ``store=False``, ``need``, ``dh0``
@@ -60,8 +61,9 @@ stamps): the partitions, both rings, all hand-offs, the complete math and every
 output of ``chunk_state_bwd``'s contract. What is not: the design's four-partition split
 with a 4-warp S (step 2 needs the registers; here S keeps the two-warpgroup transposed
 state of the proven kernel), the ``h``/``v_new``/``A_inv`` tiles and the chunk gradients
-(step 2). Compiled for sm_90a with Triton 3.6 on a machine without a GPU; not yet run on
-one (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py fused_state``;
+(step 2). Run on the H200 since session 16 (bits equal to both pairs; session 17 end to
+end). Compiled for sm_90a with Triton 3.6 on a machine without a GPU
+(``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py fused_state``;
 bf16, group 1 and 2 alike)::
 
     store=True:  setmaxnreg S 200 / A 104 (the kernel at maxnreg 168, 12 warps), 16 B spill
@@ -446,7 +448,7 @@ def fused_state_bwd_gluon(
     need: torch.Tensor | None = None,
     dh0: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
-    """``dv_local_bwd`` + ``chunk_state_bwd`` in one warp-specialised Gluon launch (opt-in).
+    """``dv_local_bwd`` + ``chunk_state_bwd`` in one warp-specialised Gluon launch.
 
     The contract of :func:`gdn_core.ops.chunk_state_bwd.chunk_state_bwd` without its
     ``dv_local`` argument (computed inside): ``q, k: [T,H,128]``; ``W: [T,HV,128]``; ``G:
