@@ -7,7 +7,9 @@ Times ``dv_local_bwd`` + ``chunk_state_bwd`` (the Triton pair, and the Gluon pai
 (``common.make_gdn_inputs``) at B1 T32768 H16 K=V=128 with 1 and 8 documents, and B1 T8192
 one document; ``W`` from ``wy_fwd``, ``dht`` fp32. Prints ms, the fused/pair ratios and
 whether the fused kernel's ``dh``, ``dV'``, ``dh0`` are bitwise equal to each pair's
-(yes/no, with the largest relative difference if not) and repeatable. Needs Triton 3.6's
+(yes/no, with the largest relative difference if not) and repeatable. A second line per
+shape times the first pass of the segment backward (``store=False``: ``dh0`` only) with a
+TMA ring of 2 and of 3 stages and says whether their ``dh0`` are bitwise equal. Needs Triton 3.6's
 Gluon and an sm_90 GPU (about a minute with the compiles)::
 
     python benchmarks/gluon_fused_state_probe.py [--shapes 32768:1,32768:8,8192:1]
@@ -64,6 +66,20 @@ def _arms(p: dict) -> dict:
             "fused": lambda: fused_state_bwd_gluon(q, k, W, G, do, dht, scale, index, group)}
 
 
+def _first_pass(p: dict) -> str:
+    """``store=False`` at each ring depth: ms, the ratio and whether ``dh0`` is the same."""
+    import triton
+    from gdn_core.ops.gluon.fused_state_bwd import fused_state_bwd_gluon
+
+    args = tuple(p[n] for n in ("q", "k", "W", "G", "do", "dht", "scale", "index", "group"))
+    calls = {st: (lambda st=st: fused_state_bwd_gluon(*args, store=False, stages=st)[2])
+             for st in (2, 3)}
+    dh0 = {st: fn() for st, fn in calls.items()}
+    ms = {st: triton.testing.do_bench(fn, warmup=5, rep=50) for st, fn in calls.items()}
+    return (f"stages 2 {ms[2]:.4f} ms | stages 3 {ms[3]:.4f} ms | 3/2 {ms[3] / ms[2]:.3f} | "
+            f"dh0 bits-equal {'yes' if torch.equal(dh0[2], dh0[3]) else 'no'}")
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
@@ -101,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{'yes' if eq else 'no'}{diff}")
         line.append(f"repeatable {'yes' if same else 'no'}")
         print(" | ".join(line), flush=True)
+        print(f"T{T} D{docs} first pass: " + _first_pass(_problem(T, docs)), flush=True)
     return 0
 
 

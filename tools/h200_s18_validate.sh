@@ -16,6 +16,11 @@
 #       state-walking kernels); KCP world 8 with --busy-us 3000 (a stretch is enqueued
 #       before it starts, so rank 0 is not charged the host's enqueue time)
 #
+#   call 5 (no carry; run in session 18 before 2-4): bash tools/h200_s18_validate.sh 5
+#       the fused state GPU tests (the first pass's 3-stage ring), its probe at 2 vs 3
+#       stages, e2e at the six shapes with the default, GDN_CORE_DOC_ORDER=1 and the Gluon
+#       WY forward, the host split at B1 T1024, KCP world 8 with --busy-us 3000
+#
 TAG=s18
 source "$(dirname "$0")/h200_lib.sh"
 
@@ -32,11 +37,33 @@ step4() {  # the longest-first order of the fused state backward; KCP without ho
     KCP_EXTRA="--warmup 3 --iters 20 --busy-us 3000" bash tools/h200_validate.sh
 }
 
+step5() {
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
+    --import-mode=importlib packages/gdn-core/tests/test_gluon_fused_state_bwd_gpu.py \
+    packages/gdn-core/tests/test_gluon_fused_state_bwd.py > "$LOG/fused_state_tests.log" 2>&1
+  echo "fused state tests exit $?"; tail -3 "$LOG/fused_state_tests.log"
+  timeout 120 python3 benchmarks/gluon_fused_state_probe.py --shapes 32768:1,32768:8,65536:16 \
+    > "$LOG/fused_state_probe.txt" 2>&1
+  echo "probe exit $?"; cut -c1-260 "$LOG/fused_state_probe.txt"
+  e2e default "$SHAPES6"
+  GDN_CORE_DOC_ORDER=1 e2e order1 "$SHAPES6"
+  GDN_CORE_GLUON=grads,fused_state,wy e2e gluon_wy "$SHAPES6"
+  timeout 90 python3 benchmarks/host_profile_gpu.py --iters 100 --repeats 5 \
+    > "$LOG/host_profile.txt" 2>&1
+  echo "host profile exit $?"; tail -30 "$LOG/host_profile.txt" | cut -c1-200
+  local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
+  if (( left > 100 )); then
+    OUT=$LOG STAGES=kcp KCP_WORLDS="8" KCP_TIMEOUT=$(( left - 20 )) \
+      KCP_EXTRA="--warmup 3 --iters 20 --busy-us 3000" bash tools/h200_validate.sh
+  else echo "no time left for KCP (${left} s)"; fi
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
   3) step3 ;;
   4) step4 ;;
-  *) echo "usage: bash tools/h200_s18_validate.sh 1|2|3|4"; exit 2 ;;
+  5) step5 ;;
+  *) echo "usage: bash tools/h200_s18_validate.sh 1|2|3|4|5"; exit 2 ;;
 esac
 pack "$1"

@@ -487,9 +487,9 @@ def fused_state_reports() -> None:
     """The warp-specialised fused state backward (:mod:`gdn_core.ops.gluon.fused_state_bwd`:
     dv_local inside the reverse recurrence) as its launcher builds it (bf16, K = V = 128,
     chunks of 64, ``dht`` fp32; H = HV = 16 and H = 8, HV = 16; ``store=True``, then
-    ``store=False`` with ``need``, then ``store=True`` with the programs' documents read
-    from ``doc_order``): ptxas figures, shared bytes, the ``setmaxnreg`` of each
-    partition in the PTX and its ``bar.sync`` / ``mbarrier`` counts."""
+    ``store=False`` with ``need`` (at the first pass's ring depth), then ``store=True`` with
+    the programs' documents read from ``doc_order``): ptxas figures, shared bytes, the
+    ``setmaxnreg`` of each partition in the PTX and its ``bar.sync`` / ``mbarrier`` counts."""
     import torch
     from gdn_core.ops.gluon import fused_state_bwd as fs
 
@@ -506,12 +506,14 @@ def fused_state_reports() -> None:
             args = dict(fs._descriptors(q, q, w, w, w, dh), G=torch.zeros(T, HV), dht=st,
                         dv=w if store else st, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32,
                         need=i32, doc_order=i32, scale=0.5, HV=HV)
+            stages = (fs.GLUON_FUSED_STATE_STAGES if store
+                      else fs.GLUON_FUSED_STATE_FIRST_PASS_STAGES)
             print(f"H={H} HV={HV} store={store} need={has_need} ordered={ordered} "
-                  f"STAGES={fs.GLUON_FUSED_STATE_STAGES}"
+                  f"STAGES={stages}"
                   f" DSTAGES={fs.GLUON_FUSED_STATE_DSTAGES} A_REGS={fs.GLUON_FUSED_STATE_A_REGS}")
             out = report_gluon(
                 fs._fused_state_bwd_gluon_kernel, args,
-                dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=fs.GLUON_FUSED_STATE_STAGES,
+                dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=stages,
                      DSTAGES=fs.GLUON_FUSED_STATE_DSTAGES, USE_DHT=True, HAS_NEED=has_need,
                      STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, ORDERED=ordered),
                 num_warps=8, maxnreg=fs._MAXNREG)

@@ -60,6 +60,14 @@ def test_mismatched_shapes_and_buffers_raise_value_error():
             fs.fused_state_bwd_gluon(*args, **kw)
 
 
+@pytest.mark.parametrize("store, stages", [(True, 1), (True, 3), (False, 1), (False, 4)])
+def test_ring_depths_it_cannot_hold_raise_value_error(store, stages):
+    """A ring of fewer than 2 stages, or more than the shared memory holds (2 with the
+    ``dh``/``dV'`` staging tiles, 3 without), is refused before anything else."""
+    with pytest.raises(ValueError, match="stages"):
+        fs.fused_state_bwd_gluon(*_args(), store=store, stages=stages)
+
+
 def test_cpu_tensors_raise_runtime_error():
     args = _args()
     assert fs.gluon_fused_state_supported(args[0], args[2], args[4], args[7])

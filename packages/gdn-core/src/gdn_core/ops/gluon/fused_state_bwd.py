@@ -119,14 +119,20 @@ from gdn_core.ops.registry import launcher
 __all__ = [
     "GLUON_FUSED_STATE_A_REGS",
     "GLUON_FUSED_STATE_DSTAGES",
+    "GLUON_FUSED_STATE_FIRST_PASS_STAGES",
     "GLUON_FUSED_STATE_STAGES",
     "fused_state_bwd_gluon",
     "gluon_fused_state_supported",
 ]
 
 
-#: TMA ring stages (Q, K, W, dO of one chunk each: 64 KB a stage).
+#: TMA ring stages (Q, K, W, dO of one chunk each: 64 KB a stage) with ``store=True``: the
+#: ``dh``/``dV'`` staging tiles (48 KB) leave room for two.
 GLUON_FUSED_STATE_STAGES = 2
+#: The ring's stages with ``store=False`` (the segment backward's first pass): no staging
+#: tiles, so a third stage fits (229,948 B of the 232,448 B a CTA may take). The stage count
+#: changes only how far ahead the loads run, never the arithmetic: the same bits.
+GLUON_FUSED_STATE_FIRST_PASS_STAGES = 3
 #: ``dv_local`` tiles between A and S (16 KB each): how far A may run ahead.
 GLUON_FUSED_STATE_DSTAGES = 2
 #: Register budget of partition A (4 warps, a multiple of 8); S (8 warps) gets what is left
@@ -447,6 +453,7 @@ def fused_state_bwd_gluon(
     store: bool = True,
     need: torch.Tensor | None = None,
     dh0: torch.Tensor | None = None,
+    stages: int | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """``dv_local_bwd`` + ``chunk_state_bwd`` in one warp-specialised Gluon launch.
 
@@ -456,7 +463,9 @@ def fused_state_bwd_gluon(
     [N,HV,128,128]`` (any float dtype) or ``None``; ``q, k, W, do`` in one 16-bit dtype.
     ``dh``/``dv`` may supply the result buffers, ``dh0`` that of ``dh0`` (may be ``dht``).
     ``store=False``: only ``dh0``; ``need``: int32 ``[N]``, documents with ``need == 0``
-    skipped (their ``dh0`` rows unwritten).
+    skipped (their ``dh0`` rows unwritten). ``stages``: the TMA ring's depth (``None``:
+    :data:`GLUON_FUSED_STATE_STAGES`, or :data:`GLUON_FUSED_STATE_FIRST_PASS_STAGES` with
+    ``store=False``); the bits do not depend on it.
 
     Returns:
         ``(dh [NT,HV,K,V], dv [T,HV,V])`` in q's dtype (``None, None`` when
@@ -467,9 +476,17 @@ def fused_state_bwd_gluon(
         ValueError: shapes that do not match, K or V not 128, chunks not of 64, the tiled
             tensors not of one 16-bit dtype, a ``need``/``dh``/``dv``/``dh0`` buffer of
             another shape or dtype (or not contiguous and 16-byte aligned), or more rows
-            than TMA's int32 coordinates address.
+            than TMA's int32 coordinates address, ``stages`` below 2 (or above 2 with
+            ``store``: the shared memory holds no more).
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
+    if stages is None:
+        stages = GLUON_FUSED_STATE_STAGES if store else GLUON_FUSED_STATE_FIRST_PASS_STAGES
+    if not 2 <= stages <= (GLUON_FUSED_STATE_STAGES if store else
+                           GLUON_FUSED_STATE_FIRST_PASS_STAGES):
+        raise ValueError(f"stages={stages}: the fused state backward's ring takes 2 to "
+                         f"{GLUON_FUSED_STATE_STAGES} stages with store=True, 2 to "
+                         f"{GLUON_FUSED_STATE_FIRST_PASS_STAGES} with store=False")
     outs, ready = prepare_state_bwd(q, k, W, G, do, None, dht, index, group, dh, dv,
                                     store=store, need=need, dh0=dh0,
                                     what="the Gluon fused state-backward kernel")
@@ -487,7 +504,7 @@ def fused_state_bwd_gluon(
         index.doc_offsets, index.doc_chunk_offsets,
         need if need is not None else index.doc_chunk_offsets,
         index.doc_chunk_offsets if order is None else order, float(scale), HV,
-        GROUP=group, K=K, V=V, BT=_BT, STAGES=GLUON_FUSED_STATE_STAGES,
+        GROUP=group, K=K, V=V, BT=_BT, STAGES=stages,
         DSTAGES=GLUON_FUSED_STATE_DSTAGES, USE_DHT=dht is not None,
         HAS_NEED=need is not None, STORE=store, A_REGS=GLUON_FUSED_STATE_A_REGS,
         ORDERED=order is not None, num_warps=8, maxnreg=_MAXNREG,
