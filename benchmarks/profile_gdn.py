@@ -20,7 +20,8 @@ import time
 import torch
 
 
-def make_inputs(B: int, T: int, H: int, docs: int, HV: int, D: int, device: str):
+def make_inputs(B: int, T: int, H: int, docs: int, HV: int, D: int, device: str,
+                benchmark_lengths: bool = False):
     gen = torch.Generator().manual_seed(0)
     bf = torch.bfloat16
     q = torch.randn(B, T, H, D, generator=gen).to(device, bf)
@@ -30,7 +31,17 @@ def make_inputs(B: int, T: int, H: int, docs: int, HV: int, D: int, device: str)
     beta = torch.rand(B, T, HV, generator=gen).to(device, bf)
     do = torch.randn(B, T, HV, D, generator=gen).to(device, bf)
     cu = None
-    if docs > 1:
+    if docs > 1 and benchmark_lengths:  # bench_gdn_train's uneven documents
+        import itertools
+        import sys
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import common
+
+        cuts = [0, *itertools.accumulate(common.doc_lengths(T, docs))]
+        cu = torch.tensor(cuts, device=device, dtype=torch.int32)
+    elif docs > 1:
         cuts = torch.linspace(0, T, docs + 1).long()
         cu = cuts.to(device=device, dtype=torch.int32)
     return (q, k, v, g, beta), do, cu
@@ -75,6 +86,8 @@ def main() -> None:
     p.add_argument("--shapes", default="1x8192x16x1,4x8192x16x1,1x32768x16x1",
                    help="BxTxHxDOCS[xHV], comma separated")
     p.add_argument("--segments", default="1024,0", help="segment sizes (0: plain path)")
+    p.add_argument("--benchmark-lengths", action="store_true",
+                   help="documents of bench_gdn_train's uneven lengths (default: equal)")
     p.add_argument("--package", default="gdn_det_train",
                    choices=["gdn_det_train", "gdn_train", "fla", "flashqla"])
     p.add_argument("--iters", type=int, default=20)
@@ -87,7 +100,7 @@ def main() -> None:
         dims = [int(x) for x in spec.split("x")]
         B, T, H, docs = dims[:4]
         HV = dims[4] if len(dims) > 4 else H
-        ins, do, cu = make_inputs(B, T, H, docs, HV, 128, "cuda")
+        ins, do, cu = make_inputs(B, T, H, docs, HV, 128, "cuda", args.benchmark_lengths)
         for seg in segments:
             step = make_step(ins, do, cu, seg)
             for _ in range(3):

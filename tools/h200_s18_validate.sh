@@ -20,6 +20,12 @@
 #       the fused state GPU tests (the first pass's 3-stage ring), its probe at 2 vs 3
 #       stages, e2e at the six shapes with the default, GDN_CORE_DOC_ORDER=1 and the Gluon
 #       WY forward, the host split at B1 T1024, KCP world 8 with --busy-us 3000
+#   call 6 (carry [".whl-base"]), then call 7 right after (carry [".whl"]):
+#       bash tools/h200_s18_validate.sh 6 ; bash tools/h200_s18_validate.sh 7
+#       6: FlashQLA's base wheels into /tmp/site-base; det profiles at 8 documents of the
+#       benchmark's lengths with GDN_CORE_DOC_ORDER unset (the new default: forward walks
+#       ordered), 0 and 1; the doc-order GPU tests. 7: det against FlashQLA at the six
+#       shapes in one run, then KCP worlds 2 and 4 with --busy-us 3000
 #
 TAG=s18
 source "$(dirname "$0")/h200_lib.sh"
@@ -58,12 +64,49 @@ step5() {
   else echo "no time left for KCP (${left} s)"; fi
 }
 
+step6() {
+  install_base
+  for o in unset 0 1; do
+    if [[ $o == unset ]]; then unset GDN_CORE_DOC_ORDER; else export GDN_CORE_DOC_ORDER=$o; fi
+    timeout 80 python3 benchmarks/profile_gdn.py --shapes 1x32768x16x8,1x32768x16x8x32 \
+      --benchmark-lengths --segments 4096 --iters 10 --rows 12 > "$LOG/profile_order_$o.txt" 2>&1
+    echo "profile order=$o exit $?"
+    grep -E "^===|_kernel " "$LOG/profile_order_$o.txt" | cut -c1-60,150-200
+  done
+  unset GDN_CORE_DOC_ORDER
+  timeout 150 python3 -m pytest -q -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
+    --import-mode=importlib packages/gdn-core/tests/test_doc_order.py \
+    > "$LOG/doc_order_tests.log" 2>&1
+  echo "doc order tests exit $?"; tail -2 "$LOG/doc_order_tests.log"
+}
+
+step7() {
+  [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: call 6 first, right before"; exit 1; }
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+  echo "anchors exit $?"
+  local base=$PYTHONPATH
+  PYTHONPATH="$base:/tmp/site:/tmp/site-base" timeout 360 python3 benchmarks/bench_gdn_train.py \
+    --arms det --compare flashqla --warmup 5 --iters 20 --shapes "$SHAPES6" \
+    --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
+  echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla |warm compile done)" "$LOG/qla.md" | cut -c1-200
+  grep -A9 "Against the anchors" "$LOG/qla.md"
+  for W in 2 4; do
+    local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
+    (( left > 60 )) || { echo "no time left for KCP world $W (${left} s)"; break; }
+    OUT=$LOG STAGES=kcp KCP_WORLDS="$W" KCP_TIMEOUT=$(( left - 15 )) \
+      KCP_EXTRA="--warmup 3 --iters 20 --busy-us 3000" bash tools/h200_validate.sh | grep -v "^PYTHONPATH"
+    mv "$LOG/all_kcp.tgz" "$LOG/kcp_w$W.tgz" 2>/dev/null
+  done
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
   3) step3 ;;
   4) step4 ;;
   5) step5 ;;
-  *) echo "usage: bash tools/h200_s18_validate.sh 1|2|3|4|5"; exit 2 ;;
+  6) step6 ;;
+  7) step7 ;;
+  *) echo "usage: bash tools/h200_s18_validate.sh 1|2|3|4|5|6|7"; exit 2 ;;
 esac
 pack "$1"

@@ -30,13 +30,17 @@ def test_doc_order_is_longest_first():
 
 
 def test_ordered_docs_follows_the_switch(monkeypatch):
+    """Unset: the caller's default (the forward walks on, the reverse walk off); ``0`` and
+    ``1`` override it either way; anything else raises."""
     index = ChunkIndex.build(offsets_of(LENGTHS), "cpu")
     monkeypatch.delenv(DOC_ORDER_ENV, raising=False)
     assert ordered_docs(index) is None
+    assert ordered_docs(index, default=True) is index.doc_order
     monkeypatch.setenv(DOC_ORDER_ENV, "0")
-    assert ordered_docs(index) is None
+    assert ordered_docs(index) is None and ordered_docs(index, default=True) is None
     monkeypatch.setenv(DOC_ORDER_ENV, "1")
     assert ordered_docs(index) is index.doc_order
+    assert ordered_docs(index, default=True) is index.doc_order
     monkeypatch.setenv(DOC_ORDER_ENV, "yes")
     with pytest.raises(ValueError, match=DOC_ORDER_ENV):
         ordered_docs(index)
@@ -106,6 +110,9 @@ def test_state_forward_bits_in_either_order(monkeypatch, need):
     (_, g0, o0), (_, g1, o1) = launches  # (V/BV, N, HV), then document-major (V/BV, HV, N)
     N, HV = index.num_docs, W.shape[1]
     assert (g0[1:], o0, g1[1:], o1) == ((N, HV), False, (HV, N), True)
+    monkeypatch.delenv(DOC_ORDER_ENV)
+    chunk_state_fwd(k, W, U, G, index, group, h0, **kw)  # unset: a forward walk, ordered
+    assert launches[2][1:] == ((*g1[:1], HV, N), True)
     if not need:
         for a, b in zip(plain, ordered, strict=True):
             assert torch.equal(a, b)
@@ -130,17 +137,21 @@ def test_fused_forward_bits_in_either_order(monkeypatch):
     launches = _grids(monkeypatch)
     for a, b in zip(run("0"), run("1"), strict=True):
         assert torch.equal(a, b)
+    monkeypatch.delenv(DOC_ORDER_ENV)
+    chunk_fwd_fused(q, k, W, U, G, 0.37, index, group, initial_state=h0)  # unset: ordered
     N, HV = index.num_docs, W.shape[1]
-    assert [(g[1:], o) for _, g, o in launches] == [((N, HV), False), ((HV, N), True)]
+    assert [(g[1:], o) for _, g, o in launches] == [((N, HV), False), ((HV, N), True),
+                                                      ((HV, N), True)]
 
 
 def test_det_call_bits_in_either_order(monkeypatch):
     """A det forward+backward in segments of 64 tokens (summaries, fold, last phase):
-    the same output, final state and gradients with the switch on and off."""
+    the same output, final state and gradients with the switch off, on and unset."""
     base, do = _det_inputs(LENGTHS, 1, 16, seed=3)
-    plain, ordered = (_det_bits(monkeypatch, v, base, do, LENGTHS, 64) for v in ("0", "1"))
-    for a, b in zip(plain, ordered, strict=True):
-        assert torch.equal(a, b)
+    plain, ordered, unset = (_det_bits(monkeypatch, v, base, do, LENGTHS, 64)
+                             for v in ("0", "1", ""))
+    for a, b, c in zip(plain, ordered, unset, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)
 
 
 @pytest.mark.gpu
@@ -148,8 +159,9 @@ def test_det_call_bits_in_either_order(monkeypatch):
 @pytest.mark.parametrize("gluon_stages", [None, "grads,fused_state", "none"])
 def test_det_call_bits_in_either_order_on_the_gpu(monkeypatch, gluon_stages):
     """bf16, K = V = 128, 30 documents in segments of 256 tokens (more programs than SMs in
-    the state launches): the det forward+backward gives the same bits with the switch on
-    and off, with the default kernels, the fused state backward named, and Triton only."""
+    the state launches): the det forward+backward gives the same bits with the switch off,
+    on and unset, with the default kernels, the fused state backward named, and Triton
+    only."""
     from gdn_core.ops import gluon
 
     if gluon_stages is None:
@@ -158,6 +170,7 @@ def test_det_call_bits_in_either_order_on_the_gpu(monkeypatch, gluon_stages):
         monkeypatch.setenv(gluon.GLUON_ENV, gluon_stages)
     lengths = [64 * n + 7 for n in (3, 40, 1, 17, 12, 9, 33, 2, 20, 6)] * 3
     base, do = _det_inputs(lengths, 4, 128, seed=4, device="cuda", dtype=torch.bfloat16)
-    plain, ordered = (_det_bits(monkeypatch, v, base, do, lengths, 256) for v in ("0", "1"))
-    for a, b in zip(plain, ordered, strict=True):
-        assert torch.equal(a, b)
+    plain, ordered, unset = (_det_bits(monkeypatch, v, base, do, lengths, 256)
+                             for v in ("0", "1", ""))
+    for a, b, c in zip(plain, ordered, unset, strict=True):
+        assert torch.equal(a, b) and torch.equal(a, c)

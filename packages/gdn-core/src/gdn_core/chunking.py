@@ -168,11 +168,19 @@ class ChunkIndex:
         return index, rest
 
 
-def ordered_docs(index: ChunkIndex) -> torch.Tensor | None:
-    """``index.doc_order`` where ``GDN_CORE_DOC_ORDER=1`` asks for it and the index has one
-    (a padded index has none), else ``None``: a launch that walks one document a program
-    then takes its documents in that order, from a document-major grid."""
-    if index.doc_order is None or switch_setting(DOC_ORDER_ENV) is not True:
+def ordered_docs(index: ChunkIndex, *, default: bool = False) -> torch.Tensor | None:
+    """``index.doc_order`` where ``GDN_CORE_DOC_ORDER`` asks for it (``1``; unset: the
+    caller's ``default``) and the index has one (a padded index has none), else ``None``: a
+    launch that walks one document a program then takes its documents in that order, from a
+    document-major grid. The forward walks (the state forward, the fused forward) default
+    to it, the reverse walk (the fused state backward) does not: measured on the H200
+    (:data:`gdn_core.switches.DOC_ORDER_ENV`).
+
+    Raises:
+        ValueError: ``GDN_CORE_DOC_ORDER`` set to anything but ``0`` or ``1``.
+    """
+    setting = switch_setting(DOC_ORDER_ENV)
+    if index.doc_order is None or not (default if setting is None else setting):
         return None
     return index.doc_order
 

@@ -27,9 +27,12 @@ BWD_ALIAS_ENV = "GDN_CORE_BWD_ALIAS"
 #: the kernels that walk one document (segment) a program take their documents longest
 #: first (:func:`gdn_core.chunking.ordered_docs`, a document-major grid): the fused state
 #: backward (Gluon), the state forward and the fused forward (Triton). The same bits; a
-#: shorter wave tail where the programs outnumber the SMs (list scheduling of session 17's
-#: 8-document segments, one program an SM: 102 → 67 chunk steps). ``1`` on; unset or ``0``
-#: off, the default until the H200 has run it
+#: shorter wave tail where the programs outnumber the SMs (list scheduling of the
+#: benchmark's 8-document segments, one program an SM: 102 → 67 chunk steps). ``1``: every
+#: such kernel; ``0``: none; unset: the forward walks (the state forward, in the forward
+#: and the backward's recompute, and the fused forward), not the fused state backward.
+#: H200, session 18, all on against all off: the forward 0.87-0.92× at 8 and 16 documents
+#: and HV32, fwd+bwd 0.94-0.95× at HV32 and 16 documents but 1.03× at 8
 DOC_ORDER_ENV = "GDN_CORE_DOC_ORDER"
 
 #: how the WY forward kernel inverts ``I + A`` (:func:`gdn_core.ops.wy.wy_fwd`): ``subst``
