@@ -69,13 +69,22 @@ def _arms(p: dict) -> dict:
 def _first_pass(p: dict) -> str:
     """``store=False`` at each ring depth: ms, the ratio and whether ``dh0`` is the same."""
     import triton
-    from gdn_core.ops.gluon.fused_state_bwd import fused_state_bwd_gluon
+    from gdn_core.ops.gluon import fused_state_bwd as fs
 
     args = tuple(p[n] for n in ("q", "k", "W", "G", "do", "dht", "scale", "index", "group"))
-    calls = {st: (lambda st=st: fused_state_bwd_gluon(*args, store=False, stages=st)[2])
-             for st in (2, 3)}
-    dh0 = {st: fn() for st, fn in calls.items()}
-    ms = {st: triton.testing.do_bench(fn, warmup=5, rep=50) for st, fn in calls.items()}
+    default = fs.GLUON_FUSED_STATE_FIRST_PASS_STAGES
+    dh0, ms = {}, {}
+    try:
+        for st in (2, 3):
+            fs.GLUON_FUSED_STATE_FIRST_PASS_STAGES = st
+
+            def call():
+                return fs.fused_state_bwd_gluon(*args, store=False)[2]
+
+            dh0[st] = call()
+            ms[st] = triton.testing.do_bench(call, warmup=5, rep=50)
+    finally:
+        fs.GLUON_FUSED_STATE_FIRST_PASS_STAGES = default
     return (f"stages 2 {ms[2]:.4f} ms | stages 3 {ms[3]:.4f} ms | 3/2 {ms[3] / ms[2]:.3f} | "
             f"dh0 bits-equal {'yes' if torch.equal(dh0[2], dh0[3]) else 'no'}")
 

@@ -61,11 +61,13 @@ def test_mismatched_shapes_and_buffers_raise_value_error():
 
 
 @pytest.mark.parametrize("store, stages", [(True, 1), (True, 3), (False, 1), (False, 4)])
-def test_ring_depths_it_cannot_hold_raise_value_error(store, stages):
+def test_ring_depths_it_cannot_hold_raise_value_error(monkeypatch, store, stages):
     """A ring of fewer than 2 stages, or more than the shared memory holds (2 with the
     ``dh``/``dV'`` staging tiles, 3 without), is refused before anything else."""
+    name = "GLUON_FUSED_STATE_STAGES" if store else "GLUON_FUSED_STATE_FIRST_PASS_STAGES"
+    monkeypatch.setattr(fs, name, stages)
     with pytest.raises(ValueError, match="stages"):
-        fs.fused_state_bwd_gluon(*_args(), store=store, stages=stages)
+        fs.fused_state_bwd_gluon(*_args(), store=store)
 
 
 def test_cpu_tensors_raise_runtime_error():

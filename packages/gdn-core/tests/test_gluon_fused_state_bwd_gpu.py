@@ -153,18 +153,20 @@ def test_fused_state_bwd_segment_and_aliasing_calls():
 
 
 @pytest.mark.parametrize("group", [1, 2])
-def test_first_pass_ring_depth_keeps_every_bit(group):
+def test_first_pass_ring_depth_keeps_every_bit(monkeypatch, group):
     """``store=False`` with the default 3-stage ring gives the 2-stage ring's ``dh0`` (and
     the pair's), with ``need`` too: the depth moves loads, never arithmetic."""
-    from gdn_core.ops.gluon.fused_state_bwd import GLUON_FUSED_STATE_FIRST_PASS_STAGES
+    from gdn_core.ops.gluon import fused_state_bwd as fs
 
-    assert GLUON_FUSED_STATE_FIRST_PASS_STAGES == 3
+    assert fs.GLUON_FUSED_STATE_FIRST_PASS_STAGES == 3
     offs, index, xs = _problem(EIGHT, 2, group, torch.bfloat16, seed=6)
     dht = xs[5]
     need = torch.tensor([1, 0, 1, 1, 0, 1, 1, 0], dtype=torch.int32, device="cuda")
     for kw in ({}, {"need": need}):
         three = _fused(xs, dht, index, group, store=False, **kw)[2]
-        two = _fused(xs, dht, index, group, store=False, stages=2, **kw)[2]
+        with monkeypatch.context() as m:
+            m.setattr(fs, "GLUON_FUSED_STATE_FIRST_PASS_STAGES", 2)
+            two = _fused(xs, dht, index, group, store=False, **kw)[2]
         want = _pair(xs, dht, index, group, store=False, **kw)[2]
         rows = need.bool() if kw else slice(None)
         assert torch.equal(three[rows], two[rows]) and torch.equal(three[rows], want[rows])

@@ -58,9 +58,31 @@ def _gdn_modules() -> list[Any]:
             if n.startswith("transformers.models.") and hasattr(m, CHUNK_HOOK)]
 
 
+def _under_function_module(fn: Any) -> Any:
+    """What a function module of the ``kernels`` package calls, else ``fn``.
+
+    With ``kernels`` installed (a dependency of transformers since 5.25),
+    ``use_kernel_forward_from_hub`` turns a decorated function into an ``nn.Module``
+    instance whose class's ``forward`` calls the function it closes over (``func``)."""
+    if not isinstance(fn, torch.nn.Module):
+        return fn
+    forward = type(fn).forward
+    cells = dict(zip(forward.__code__.co_freevars, forward.__closure__ or ()))
+    return cells["func"].cell_contents if "func" in cells else fn
+
+
 def _torch_function(module: Any, hook: Callable) -> Callable:
-    """The function defined in ``module``'s file under ``hook``'s wrappers."""
-    fn = inspect.unwrap(hook.original if isinstance(hook, _Dispatch) else hook)
+    """The function defined in ``module``'s file under ``hook``'s wrappers (a switch's
+    dispatcher, ``functools.wraps`` chains, the ``kernels`` package's function modules).
+
+    Raises:
+        RuntimeError: no function of ``module``'s file is found under them.
+    """
+    fn = hook.original if isinstance(hook, _Dispatch) else hook
+    for _ in range(4):  # module → transformers' fallback wrapper → the torch function
+        fn = inspect.unwrap(_under_function_module(fn))
+        if not isinstance(fn, torch.nn.Module):
+            break
     code = getattr(fn, "__code__", None)
     if code is None or code.co_filename != module.__file__:
         raise RuntimeError(f"{module.__name__}: no torch function under {hook!r}")

@@ -455,7 +455,6 @@ def fused_state_bwd_gluon(
     store: bool = True,
     need: torch.Tensor | None = None,
     dh0: torch.Tensor | None = None,
-    stages: int | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor]:
     """``dv_local_bwd`` + ``chunk_state_bwd`` in one warp-specialised Gluon launch.
 
@@ -465,9 +464,9 @@ def fused_state_bwd_gluon(
     [N,HV,128,128]`` (any float dtype) or ``None``; ``q, k, W, do`` in one 16-bit dtype.
     ``dh``/``dv`` may supply the result buffers, ``dh0`` that of ``dh0`` (may be ``dht``).
     ``store=False``: only ``dh0``; ``need``: int32 ``[N]``, documents with ``need == 0``
-    skipped (their ``dh0`` rows unwritten). ``stages``: the TMA ring's depth (``None``:
-    :data:`GLUON_FUSED_STATE_STAGES`, or :data:`GLUON_FUSED_STATE_FIRST_PASS_STAGES` with
-    ``store=False``); the bits do not depend on it.
+    skipped (their ``dh0`` rows unwritten). The TMA ring has
+    :data:`GLUON_FUSED_STATE_STAGES` stages, :data:`GLUON_FUSED_STATE_FIRST_PASS_STAGES`
+    with ``store=False`` (read at each call; the bits do not depend on them).
 
     Returns:
         ``(dh [NT,HV,K,V], dv [T,HV,V])`` in q's dtype (``None, None`` when
@@ -478,17 +477,15 @@ def fused_state_bwd_gluon(
         ValueError: shapes that do not match, K or V not 128, chunks not of 64, the tiled
             tensors not of one 16-bit dtype, a ``need``/``dh``/``dv``/``dh0`` buffer of
             another shape or dtype (or not contiguous and 16-byte aligned), or more rows
-            than TMA's int32 coordinates address, ``stages`` below 2 (or above 2 with
-            ``store``: the shared memory holds no more).
+            than TMA's int32 coordinates address, a ring depth the kernel cannot take
+            (below 2, or above 2 with ``store``: the shared memory holds no more).
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
-    if stages is None:
-        stages = GLUON_FUSED_STATE_STAGES if store else GLUON_FUSED_STATE_FIRST_PASS_STAGES
-    if not 2 <= stages <= (GLUON_FUSED_STATE_STAGES if store else
-                           GLUON_FUSED_STATE_FIRST_PASS_STAGES):
-        raise ValueError(f"stages={stages}: the fused state backward's ring takes 2 to "
-                         f"{GLUON_FUSED_STATE_STAGES} stages with store=True, 2 to "
-                         f"{GLUON_FUSED_STATE_FIRST_PASS_STAGES} with store=False")
+    stages = GLUON_FUSED_STATE_STAGES if store else GLUON_FUSED_STATE_FIRST_PASS_STAGES
+    if not 2 <= stages <= (2 if store else 3):
+        raise ValueError(f"a ring of {stages} stages: the fused state backward takes 2 with "
+                         "store=True (the staging tiles fill the rest of shared memory), "
+                         "2 or 3 with store=False")
     outs, ready = prepare_state_bwd(q, k, W, G, do, None, dht, index, group, dh, dv,
                                     store=store, need=need, dh0=dh0,
                                     what="the Gluon fused state-backward kernel")
