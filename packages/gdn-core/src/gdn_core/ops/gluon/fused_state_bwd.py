@@ -69,7 +69,9 @@ bf16, group 1 and 2 alike)::
     store=True:  setmaxnreg S 200 / A 104 (the kernel at maxnreg 168, 12 warps), 16 B spill
                  stores (ptxas; in SASS 2 STL.64 in A, none in S), 213,564 B shared,
                  3,624 SASS instructions (3,632 at group 2), 28 wgmma, 43 bar.sync
-    store=False: the same budgets, 16 B spills (A's), 164,412 B shared, 3,136 SASS
+    store=False: the same budgets, 16 B spills (A's); with the first pass's 3-stage
+                 ring (session 18) 229,964 B shared, 3,312 SASS, 48 bar.sync (2 stages:
+                 164,412 B, 3,136 SASS)
 
 Before (session 15's first version: P a third partition of 1 warp at 24 registers, 16
 warps at maxnreg 128, S / A / P = 192 / 104 / 24): store=True 144 B of spill stores (25
