@@ -13,6 +13,10 @@
 #                      (qla.md/json), host time at B1 T1024 against fla (HOST_TIMEOUT, 230 s:
 #                      fla compiles first), the benchmarks/ probes named in S3_PROBES, and
 #                      KCP world 8 if 100 s of CALL_LIMIT are left
+#   kcp_in_time WORLDS [EXTRA] [MIN]
+#                      simulated KCP (B1 T65536 H16 16 docs, 20 iterations, EXTRA appended
+#                      to the benchmark's options) at each world of WORLDS while more than
+#                      MIN (100) s of CALL_LIMIT are left, each into $LOG/kcp_w<W>/
 #   pack STEP          $LOG into $OUT/<TAG>_<STEP>.tgz (what comes back)
 set -u
 export PYTHONUNBUFFERED=1
@@ -57,7 +61,9 @@ suite_step() {
   echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det.txt" | cut -c1-60,150-200
   local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
   echo "bits with ${left} s left"
-  OUT=$LOG STAGES=bits BITS_TIMEOUT=$(( left > 60 ? left - 50 : 10 )) bash tools/h200_validate.sh
+  mkdir -p "$LOG/bits"  # its own folder: h200_validate.sh packs everything in its OUT
+  OUT=$LOG/bits STAGES=bits BITS_TIMEOUT=$(( left > 60 ? left - 50 : 10 )) \
+    bash tools/h200_validate.sh
 }
 
 anchors_step() {
@@ -75,11 +81,19 @@ anchors_step() {
     timeout 90 python3 "benchmarks/$p" > "$LOG/${p%.py}.txt" 2>&1
     echo "$p exit $?"; cut -c1-200 "$LOG/${p%.py}.txt" | tail -24
   done
-  local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
-  if (( left > 100 )); then
-    OUT=$LOG STAGES=kcp KCP_WORLDS="8" KCP_TIMEOUT=$(( left - 20 )) \
-      KCP_EXTRA="--warmup 3 --iters 20" bash tools/h200_validate.sh
-  else echo "no time left for KCP (${left} s)"; fi
+  kcp_in_time 8
+}
+
+kcp_in_time() {
+  local W left
+  for W in $1; do
+    left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
+    (( left > ${3:-100} )) || { echo "no time left for KCP world $W (${left} s)"; return 0; }
+    # its own folder: h200_validate.sh packs (and removes) everything in its OUT
+    mkdir -p "$LOG/kcp_w$W"
+    OUT=$LOG/kcp_w$W STAGES=kcp KCP_WORLDS="$W" KCP_TIMEOUT=$(( left - 20 )) \
+      KCP_EXTRA="--warmup 3 --iters 20 ${2:-}" bash tools/h200_validate.sh
+  done
 }
 
 pack() {

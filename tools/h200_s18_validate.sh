@@ -39,8 +39,7 @@ step3() { anchors_step; }
 step4() {  # the longest-first order of the fused state backward; KCP without host charging
   e2e order0 "$SHAPES6"
   GDN_CORE_DOC_ORDER=1 e2e order1 "$SHAPES6"
-  OUT=$LOG STAGES=kcp KCP_WORLDS="8" KCP_TIMEOUT=150 \
-    KCP_EXTRA="--warmup 3 --iters 20 --busy-us 3000" bash tools/h200_validate.sh
+  kcp_in_time 8 "--busy-us 3000"
 }
 
 step5() {
@@ -57,11 +56,7 @@ step5() {
   timeout 90 python3 benchmarks/host_profile_gpu.py --iters 100 --repeats 5 \
     > "$LOG/host_profile.txt" 2>&1
   echo "host profile exit $?"; tail -30 "$LOG/host_profile.txt" | cut -c1-200
-  local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
-  if (( left > 100 )); then
-    OUT=$LOG STAGES=kcp KCP_WORLDS="8" KCP_TIMEOUT=$(( left - 20 )) \
-      KCP_EXTRA="--warmup 3 --iters 20 --busy-us 3000" bash tools/h200_validate.sh
-  else echo "no time left for KCP (${left} s)"; fi
+  kcp_in_time 8 "--busy-us 3000"
 }
 
 step6() {
@@ -90,13 +85,7 @@ step7() {
     --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
   echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla |warm compile done)" "$LOG/qla.md" | cut -c1-200
   grep -A9 "Against the anchors" "$LOG/qla.md"
-  for W in 2 4; do
-    local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
-    (( left > 60 )) || { echo "no time left for KCP world $W (${left} s)"; break; }
-    OUT=$LOG STAGES=kcp KCP_WORLDS="$W" KCP_TIMEOUT=$(( left - 15 )) \
-      KCP_EXTRA="--warmup 3 --iters 20 --busy-us 3000" bash tools/h200_validate.sh | grep -v "^PYTHONPATH"
-    mv "$LOG/all_kcp.tgz" "$LOG/kcp_w$W.tgz" 2>/dev/null
-  done
+  kcp_in_time "2 4" "--busy-us 3000" 60
 }
 
 case "${1:-}" in
