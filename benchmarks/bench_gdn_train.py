@@ -26,7 +26,9 @@ use_qk_l2norm_in_kernel=False) -> (o, final_state)``):
     (or a GPU) these arms are reported as skipped, not as errors.
 
   Which path each anchor ran (fla's dispatch log, FlashQLA's split) is
-  recorded per shape.
+  recorded per shape, and so is which of our kernels each of our arms launched
+  (one probe call under ``gdn_core.testkit.LaunchAudit``: e.g. the fused state
+  backward where it pays, the Triton pair elsewhere).
 * ``reference`` — ``gdn_core.reference.chunk_gdn_reference`` (fp32 torch,
   autograd); for smoke tests of this script only.
 
@@ -310,8 +312,11 @@ def probe_path(arm: LoadedArm, inputs: common.GDNInputs, out: dict[str, Any]) ->
 
     Writes ``path`` (one line) and the evidence into ``out``, also when the call fails.
     """
-    if arm.spec.kind not in ("fla", "flashqla"):
+    if arm.spec.kind == "reference":
         out["path"] = arm.spec.what
+        return
+    if arm.spec.kind not in ("fla", "flashqla"):
+        out["path"] = our_kernels(arm, inputs)
         return
     if arm.fla_log is not None:
         arm.fla_log.begin()
@@ -333,6 +338,33 @@ def probe_path(arm: LoadedArm, inputs: common.GDNInputs, out: dict[str, Any]) ->
                                           "mode unknown (its CP context was not seen)")
         if mode is not None:
             out["flashqla"] = mode
+
+
+def our_kernels(arm: LoadedArm, inputs: common.GDNInputs) -> str:
+    """The kernels one forward+backward of our arm launches (:func:`kernel_summary`),
+    recorded by :class:`gdn_core.testkit.LaunchAudit` (every launch goes through
+    ``gdn_core.ops.launch.cached_launch``)."""
+    from gdn_core.testkit import LaunchAudit
+
+    with LaunchAudit() as audit:
+        o, _ = _call(arm, inputs)
+        torch.autograd.grad(o, inputs.leaves, inputs.do.to(o.dtype))
+        del o
+    return kernel_summary(audit.events)
+
+
+def kernel_summary(events: list[tuple[str, str, str]]) -> str:
+    """``"kernels: wy ×2, chunk_state_fwd ×2, ..."``: the Triton/Gluon launches among
+    :class:`gdn_core.testkit.LaunchAudit` events, in first-launch order with their
+    counts (names without the leading ``_`` and the ``_kernel`` suffix)."""
+    counts: dict[str, int] = {}
+    for kind, name, _ in events:
+        if kind == "triton":
+            name = name.removeprefix("_").removesuffix("_kernel")
+            counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return "kernels: none (the fp32 torch reference path)"
+    return "kernels: " + ", ".join(f"{n} ×{c}" for n, c in counts.items())
 
 
 # --------------------------------------------------------------- running ---
@@ -656,10 +688,10 @@ def render_markdown(report: dict[str, Any]) -> str:
                   "> 1: the arm is slower than the anchor (issue 19's target is det ≤ 1.00 "
                   "against flashqla). mem: the arm's peak extra memory of fwd+bwd / the "
                   "anchor's.", ""]
-    path_rows = [[r["shape"]["label"], r["arm"], r["path"]] for r in results
-                 if r["arm"] in COMPARE_ARMS and r.get("path")]
+    path_rows = [[r["shape"]["label"], r["arm"], r["path"]] for r in results if r.get("path")]
     if path_rows:
-        lines += ["## Which path each anchor ran (one probe call per shape)", "",
+        lines += ["## Which path each arm ran (one probe call per shape: the anchors' dispatch, "
+                  "our kernels' launches)", "",
                   common.markdown_table(["shape", "arm", "path"], path_rows), ""]
 
     det_rows = [
@@ -819,7 +851,7 @@ def _run_shapes(loaded: list[LoadedArm], shapes: list[GDNShape], args: argparse.
                 row.update(bench_arm(arm, inputs, args, device))
                 log(f"  {arm.name:9s} fwd {row['fwd_ms']:.3f} ms, "
                     f"fwd+bwd {row['fwd_bwd_ms']:.3f} ms"
-                    + (f"  [{row['path']}]" if arm.spec.kind in ("fla", "flashqla") else ""))
+                    + (f"  [{row['path']}]" if row.get("path") else ""))
             except Exception as exc:  # noqa: BLE001 - report the arm's failure, keep going
                 traceback.print_exc(file=sys.stderr)
                 row["error"] = f"{type(exc).__name__}: {exc}"

@@ -37,6 +37,15 @@ def _load_common():
 common = _load_common()
 
 
+def _bench_module():
+    """``bench_gdn_train.py`` imported as a module (its ``main`` not run)."""
+    spec = importlib.util.spec_from_file_location("gdn_bench_gdn_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items()
            if k not in ("TRITON_INTERPRET", "GDN_CORE_BACKEND", "CUDA_VISIBLE_DEVICES")}
@@ -108,6 +117,18 @@ def test_smoke_det_and_nondet_arms(tmp_path):
     for arm in ("det-plain", "nondet-plain"):
         assert [r["arm"] for r in report["results"]].count(arm) == 2  # both tiny shapes
         assert all("error" not in r for r in report["results"] if r["arm"] == arm)
+    # which of our kernels ran is recorded per shape (none on the CPU's reference path)
+    assert all(r["path"].startswith("kernels: none") for r in report["results"])
+
+
+def test_kernel_summary_counts_launches_in_order():
+    bench = _bench_module()
+    events = [("alloc", "aten.empty", "x"), ("triton", "_wy_kernel", "a"),
+              ("triton", "_chunk_state_fwd_kernel", "b"), ("work", "aten.zeros", "c"),
+              ("triton", "_wy_kernel", "d"), ("triton", "_fused_state_bwd_gluon_kernel", "e")]
+    assert bench.kernel_summary(events) == ("kernels: wy ×2, chunk_state_fwd ×1, "
+                                            "fused_state_bwd_gluon ×1")
+    assert bench.kernel_summary(events[:1]).startswith("kernels: none")
 
 
 def test_fla_arm_on_cpu_fails_clearly():
