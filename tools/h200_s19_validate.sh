@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The next session's device calls (written in session 18, whose device time ran out after
+# the fused state default, the forward order and the anchors were measured).
+#
+#   call 1 (~560 s, carry [".old"] after `git worktree add --detach .old 92ac479`):
+#       bash tools/h200_s19_validate.sh 1
+#       every gpu-marked test of the four GDN packages at this tree (the forward walks
+#       longest first by default and the first pass's 3-stage ring: neither has run the
+#       whole suite yet), det profiles at 8 documents of the benchmark's lengths with
+#       GDN_CORE_DOC_ORDER unset, 0 and 1 (which kernel lost 0.24 ms at 8 docs with every
+#       walk ordered), then the CUDA bits against .old
+#   call 2 (short, carry [".whl-base"]), then call 3 right after (carry [".whl", ".whl-fla"]):
+#       bash tools/h200_s19_validate.sh 2 ; bash tools/h200_s19_validate.sh 3
+#       det against FlashQLA at issue 19's six shapes in one run (with the kernels each
+#       shape ran), host time against fla, KCP world 8 with --busy-us 3000
+#
+TAG=s19
+source "$(dirname "$0")/h200_lib.sh"
+
+step1() {
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
+    -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra packages/gdn-core/tests \
+    packages/gdn-det-train/tests packages/gdn-train/tests packages/gdn-det-train-kcp/tests \
+    > "$LOG/gpu_tests.log" 2>&1
+  echo "gpu tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/gpu_tests.log" | tail -25
+  for o in unset 0 1; do
+    if [[ $o == unset ]]; then unset GDN_CORE_DOC_ORDER; else export GDN_CORE_DOC_ORDER=$o; fi
+    timeout 70 python3 benchmarks/profile_gdn.py --shapes 1x32768x16x8 --benchmark-lengths \
+      --segments 4096 --iters 10 --rows 12 > "$LOG/profile_order_$o.txt" 2>&1
+    echo "profile order=$o exit $?"
+    grep -E "^===|_kernel " "$LOG/profile_order_$o.txt" | cut -c1-60,150-200
+  done
+  unset GDN_CORE_DOC_ORDER
+  local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
+  echo "bits with ${left} s left"
+  mkdir -p "$LOG/bits"
+  OUT=$LOG/bits STAGES=bits BITS_TIMEOUT=$(( left > 60 ? left - 50 : 10 )) \
+    bash tools/h200_validate.sh
+}
+
+step2() { install_base; }
+
+step3() {
+  install_anchors || return 1
+  local base=$PYTHONPATH
+  PYTHONPATH="$base:/tmp/site:/tmp/site-base" timeout 360 python3 benchmarks/bench_gdn_train.py \
+    --arms det --compare flashqla --warmup 5 --iters 20 --shapes "$SHAPES6" \
+    --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
+  echo "qla exit $?"; grep -A9 "Against the anchors" "$LOG/qla.md"
+  grep -A10 "Which path each arm ran" "$LOG/qla.md" | cut -c1-240
+  PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-200} python3 \
+    benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 > "$LOG/host_T1024_fla.txt" 2>&1
+  echo "host exit $?"; cat "$LOG/host_T1024_fla.txt"
+  kcp_in_time 8 "--busy-us 3000"
+}
+
+case "${1:-}" in
+  1) step1 ;;
+  2) step2 ;;
+  3) step3 ;;
+  *) echo "usage: bash tools/h200_s19_validate.sh 1|2|3"; exit 2 ;;
+esac
+pack "$1"
