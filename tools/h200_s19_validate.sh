@@ -8,7 +8,9 @@
 #       longest first by default and the first pass's 3-stage ring: neither has run the
 #       whole suite yet), det profiles at 8 documents of the benchmark's lengths with
 #       GDN_CORE_DOC_ORDER unset, 0 and 1 (which kernel lost 0.24 ms at 8 docs with every
-#       walk ordered), then the CUDA bits against .old
+#       walk ordered), whether a wgmma's bits depend on where its A operand comes from or on
+#       the accumulator's sign (benchmarks/wgmma_operand_bits_probe.py: step 2's premise),
+#       then the CUDA bits against .old
 #   call 2 (short, carry [".whl-base"]), then call 3 right after (carry [".whl", ".whl-fla"]):
 #       bash tools/h200_s19_validate.sh 2 ; bash tools/h200_s19_validate.sh 3
 #       det against FlashQLA at issue 19's six shapes in one run (with the kernels each
@@ -31,6 +33,8 @@ step1() {
     grep -E "^===|_kernel " "$LOG/profile_order_$o.txt" | cut -c1-60,150-200
   done
   unset GDN_CORE_DOC_ORDER
+  timeout 60 python3 benchmarks/wgmma_operand_bits_probe.py > "$LOG/wgmma_bits.txt" 2>&1
+  echo "wgmma bits probe exit $?"; cat "$LOG/wgmma_bits.txt"
   local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
   echo "bits with ${left} s left"
   mkdir -p "$LOG/bits"
