@@ -25,10 +25,12 @@ def test_declared_atomic_free():
 
 
 def test_per_tile_arithmetic_is_the_one_tile_kernels():
-    """The helpers that round and sum, and the launch checks, are the original module's
-    objects, not copies."""
-    for name in ("_crossing_sums", "_suffix_sum", "_prefix_sum_excl", "_store_rows",
-                 "_zero_rows", "prepare_launch"):
+    """Every phase of the per-tile arithmetic (the vectors, the short-chunk zeroing, phases
+    A–D, the dg/dβ stores) and the launch checks are the original module's objects, not
+    copies: the two kernels differ only in where tiles sit and when they are loaded."""
+    for name in ("_chunk_vectors", "_zero_short_chunk", "_phase_a_scores", "_phase_a_values",
+                 "_phase_b_dq", "_phase_b_dt", "_phase_c", "_phase_d_state", "_phase_d_c",
+                 "_phase_d_dk", "_store_dg_dbeta", "_store_rows", "prepare_launch"):
         assert getattr(gp, name) is getattr(gc, name), name
 
 

@@ -49,6 +49,13 @@ D. ``Tᵀ dW`` and ``V' dSᵀ`` (async pair); ``⟨S, dS⟩`` from the shared ti
    is ``(diag(β) E')ᵀ K`` here: the β on the contracted index goes on the 64×64
    operand, not on a 64×128 one.)
 
+Each phase is a ``@gluon.jit`` helper (``_phase_a_scores`` … ``_phase_d_dk``,
+``_store_dg_dbeta``; inlined), cut where a kernel waits for a tile or issues a load: the
+persistent kernel (:mod:`~gdn_core.ops.gluon.chunk_grads_pipelined`) calls the same ones
+with its prefetches in between, as step 2 of docs/fused_backward.md would. Cutting them
+out changed no PTX instruction of either kernel (session 18, Triton 3.6, bf16, group 1
+and 2: the code sections of the PTX before and after are identical).
+
 At most three fp32 accumulators are live at once (``X1`` through phase B, ``dT Tᵀ`` /
 ``K Kᵀ``, ``acc`` and ``V' dSᵀ`` in D). dQ, dK, dv are stored straight from the
 accumulator layout (masked rows; no conversion scratch). dg and dβ: the Triton
@@ -191,6 +198,192 @@ def _store_rows(ptr, x, n, row_stride, R: gl.constexpr, C: gl.constexpr, layout:
 
 
 @gluon.jit
+def _chunk_vectors(G, beta, p_s, n, HV, rows, cols, R128: gl.constexpr):
+    """The chunk's ``G``, ``β`` and ``Γ`` as row and column vectors (masked: rows ``>= n``
+    read 0), ``G_last``, and ``Γ``, ``β``, ``kd = exp(G_last − G)`` in the 64×128
+    accumulators' row layout ``R128``."""
+    g_r = gl.load(G + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+    g_c = gl.load(G + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
+    b_r = gl.load(beta + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
+    b_c = gl.load(beta + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
+    gam_r = gl.where(rows < n, gl.exp(g_r), 0.0)
+    gam_c = gl.where(cols < n, gl.exp(g_c), 0.0)
+    g_last = gl.load(G + p_s + (n - 1) * HV).to(gl.float32)
+    gam_r128 = gl.convert_layout(gam_r, R128)
+    b_r128 = gl.convert_layout(b_r, R128)
+    kd128 = gl.convert_layout(gl.where(rows < n, gl.exp(g_last - g_r), 0.0), R128)
+    return g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128
+
+
+@gluon.jit
+def _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT: gl.constexpr,
+                      K: gl.constexpr, V: gl.constexpr, IO: gl.constexpr,
+                      SCAN: gl.constexpr):
+    """A short chunk's rows ``>= n`` of every token tile, and ``A_inv``'s rows and columns
+    ``>= n``, set to zero (a select: NaN is cleared too) once the tiles have landed."""
+    _zero_rows(q_s, n, BT, K, IO)
+    _zero_rows(k_s, n, BT, K, IO)
+    _zero_rows(v_s, n, BT, V, IO)
+    _zero_rows(vn_s, n, BT, V, IO)
+    _zero_rows(do_s, n, BT, V, IO)
+    _zero_rows(du_s, n, BT, V, IO)
+    ar = gl.arange(0, BT, layout=gl.SliceLayout(1, SCAN))
+    ac = gl.arange(0, BT, layout=gl.SliceLayout(0, SCAN))
+    at = a_s.load(SCAN)
+    a_s.store(gl.where((ar[:, None] < n) & (ac[None, :] < n), at, gl.zeros_like(at)))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
+                    BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr):
+    """Phase A, after the caller issued ``dp = dO V'ᵀ`` then ``qk = Q Kᵀ``: ``ds = dP ⊙ D ·
+    scale`` stored to ``ds_s`` and the crossing sums of ``Mo = ds ⊙ Q Kᵀ`` (returned)."""
+    dp = warpgroup_mma_wait(1, deps=[dp, do_s, vn_s])[0]
+    m_low = (rows[:, None] >= cols[None, :]) & (rows[:, None] < n)
+    ds = dp * gl.exp(gl.where(m_low, g_r[:, None] - g_c[None, :], float("-inf"))) * scale
+    ds_s.store(ds.to(ds_s.dtype))
+    qk = warpgroup_mma_wait(0, deps=[qk, q_s, k_s])[0]
+    return _crossing_sums(ds * qk, BT, SCAN, R64)  # Mo = (dP ⊙ D) scale ⊙ Q Kᵀ
+
+
+@gluon.jit
+def _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT: gl.constexpr,
+                    V: gl.constexpr, L128: gl.constexpr):
+    """``dṼ = Tᵀ dU`` (``dv = β ⊙ dṼ`` stored, ``v·dṼ`` returned) and ``X1 = dU Vᵀ``
+    (dT's dU half) issued, returned still in flight."""
+    dvt = warpgroup_mma(a_s.permute((1, 0)), du_s, z128, use_acc=False, is_async=True)
+    x1 = warpgroup_mma(du_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    dvt = warpgroup_mma_wait(1, deps=[dvt, a_s, du_s])[0]
+    db_v = gl.sum(dvt * v_s.load(L128).to(gl.float32), axis=1)  # v·dṼ
+    _store_rows(dv + p_s * V, dvt * b_r128[:, None], n, HV * V, BT, V, L128)
+    return x1, db_v
+
+
+@gluon.jit
+def _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, p_s, gam_r128, n, scale,
+                HV, BT: gl.constexpr, K: gl.constexpr, L128: gl.constexpr):
+    """Phase B up to ``dQ``: ``dQ_state = Γ scale dO Sᵀ`` (``q·dQ_state`` returned), ``dQ =
+    dQ_state + ds K`` stored, ``dW = −dU Sᵀ`` rounded into V's spent tile (returned as
+    ``dw_s``), ``X1`` waited; ends with a CTA barrier (every warp's stores done)."""
+    dqs = warpgroup_mma(do_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+    dwn = warpgroup_mma(du_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+    x1 = warpgroup_mma_wait(2, deps=[x1, du_s, v_s])[0]
+    dqs = warpgroup_mma_wait(1, deps=[dqs, do_s, h_s])[0]
+    dqs = dqs * (gam_r128 * scale)[:, None]
+    dgq = gl.sum(q_s.load(L128).to(gl.float32) * dqs, axis=1)  # q·dQ_state
+    fence_async_shared()
+    gl.thread_barrier()  # ds_s written by both warpgroups; v_s read by all (x1, db_v)
+    dqa = warpgroup_mma(ds_s, k_s, dqs, is_async=True)
+    dwn = warpgroup_mma_wait(1, deps=[dwn, du_s, h_s])[0]
+    dw_s = v_s  # V is spent: its tile carries dW (16-bit, as the Triton kernels round it)
+    dw_s.store((-dwn).to(dw_s.dtype))
+    dqa = warpgroup_mma_wait(0, deps=[dqa, ds_s, k_s])[0]
+    _store_rows(dq + p_s * K, dqa, n, HV * K, BT, K, L128)
+    fence_async_shared()
+    gl.thread_barrier()
+    return x1, dgq, dw_s
+
+
+@gluon.jit
+def _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c):
+    """``dT = dU (βV)ᵀ + dW (βΓK)ᵀ``: β, βΓ on the columns in fp32 (Triton rounds βV, βΓK)."""
+    x2 = warpgroup_mma(dw_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    x2 = warpgroup_mma_wait(0, deps=[x2, dw_s, k_s])[0]
+    return x1 * b_c[None, :] + x2 * (b_c * gam_c)[None, :]
+
+
+@gluon.jit
+def _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
+             BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr):
+    """Phase C: ``E' = (−Tᵀ dT Tᵀ) ⊙ e`` on the strict lower triangle into ``e_s`` and
+    ``diag(β) E'`` into ``eb_s``, ``K Kᵀ``, and the crossing sums of ``Mw = E' ⊙ diag(β)
+    K Kᵀ`` (returned); ends with a CTA barrier."""
+    dtype: gl.constexpr = dt_s.dtype
+    dt_s.store(d_t.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    xx = warpgroup_mma(dt_s, a_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    kk = warpgroup_mma(k_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    xx = warpgroup_mma_wait(1, deps=[xx, dt_s, a_s])[0]
+    gl.thread_barrier()  # both warpgroups' reads of dT are done: its tile takes dT Tᵀ
+    dt_s.store(xx.to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    da = warpgroup_mma(a_s.permute((1, 0)), dt_s, z64, use_acc=False, is_async=True)
+    kk = warpgroup_mma_wait(1, deps=[kk, k_s])[0]
+    da = warpgroup_mma_wait(0, deps=[da, a_s, dt_s])[0]
+    m_low1 = (rows[:, None] > cols[None, :]) & (rows[:, None] < n)
+    e = gl.where(m_low1, -da * gl.exp(gl.where(m_low1, g_r[:, None] - g_c[None, :], 0.0)), 0.0)
+    e_s.store(e.to(dtype))
+    eb_s.store((e * b_r[:, None]).to(dtype))
+    cs_w = _crossing_sums(e * b_r[:, None] * kk, BT, SCAN, R64)  # Mw = E' ⊙ diag(β) K Kᵀ
+    fence_async_shared()
+    gl.thread_barrier()
+    return cs_w
+
+
+@gluon.jit
+def _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K: gl.constexpr, V: gl.constexpr,
+                   IO: gl.constexpr):
+    """Phase D, after the caller issued ``acc = Tᵀ dW`` and waited for ``dS``: ``dks = V'
+    dSᵀ`` issued (returned in flight), ``⟨S, dS⟩`` from shared memory meanwhile (fixed
+    order: rows in blocks), ``acc`` waited."""
+    dks = warpgroup_mma(vn_s, dh_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+    SB: gl.constexpr = 32
+    pr = gl.zeros([SB, V], gl.float32, IO)
+    for i in gl.static_range(K // SB):
+        pr += (h_s.slice(i * SB, SB).load(IO).to(gl.float32)
+               * dh_s.slice(i * SB, SB).load(IO).to(gl.float32))
+    sds = gl.sum(gl.sum(pr, axis=1), axis=0)
+    acc = warpgroup_mma_wait(1, deps=[acc, a_s, dw_s])[0]
+    return acc, dks, sds
+
+
+@gluon.jit
+def _phase_d_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128: gl.constexpr):
+    """``acc = Γ ⊙ Tᵀ dW`` (``k·acc`` returned), ``+= E' K`` (= C); ``acc`` and ``dks``
+    waited; K's rows in fp32 returned for the next sums."""
+    acc = acc * gam_r128[:, None]
+    k_r = k_s.load(L128).to(gl.float32)
+    wr = gl.sum(acc * k_r, axis=1)  # k·Γ(Tᵀ dW)
+    acc = warpgroup_mma(e_s, k_s, acc, is_async=True)  # C
+    acc, dks, _, _, _, _ = warpgroup_mma_wait(0, deps=[acc, dks, e_s, k_s, vn_s, dh_s])
+    return acc, dks, k_r, wr
+
+
+@gluon.jit
+def _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128):
+    """``k·C``; ``acc = β ⊙ C + (diag(β) E')ᵀ K``; ``dK_state = kd ⊙ dks`` (``k·dK_state``);
+    ``dK = acc + dK_state + dsᵀ Q`` (returned, waited)."""
+    db_c = gl.sum(acc * k_r, axis=1)  # k·C
+    acc = warpgroup_mma(eb_s.permute((1, 0)), k_s, acc * b_r128[:, None], is_async=True)
+    dks = dks * kd128[:, None]
+    kds = gl.sum(k_r * dks, axis=1)  # k·dK_state
+    acc = warpgroup_mma_wait(0, deps=[acc, eb_s, k_s])[0]
+    acc = warpgroup_mma(ds_s.permute((1, 0)), q_s, acc + dks, is_async=True)
+    acc = warpgroup_mma_wait(0, deps=[acc, ds_s, q_s])[0]
+    return acc, db_c, kds
+
+
+@gluon.jit
+def _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr, dgq,
+                    db_c, db_v, b_r, R64: gl.constexpr):
+    """``dg`` and ``dβ`` of the chunk's rows ``< n``, the Triton kernels' terms in their
+    order."""
+    b_dg = cs_w + cs_o
+    b_dg += gl.exp(g_last) * sds
+    b_dg += _prefix_sum_excl(gl.convert_layout(kds, R64), rows, cols, R64)
+    b_dg += _suffix_sum(b_r * gl.convert_layout(wr, R64), rows, cols, R64)
+    b_dg += _suffix_sum(gl.convert_layout(dgq, R64), rows, cols, R64)
+    b_db = gl.convert_layout(db_c, R64) + gl.convert_layout(db_v, R64)
+    m = rows < n
+    gl.store(dg + p_s + rows * HV, b_dg.to(dg.dtype.element_ty), mask=m)
+    gl.store(dbeta + p_s + rows * HV, b_db.to(dbeta.dtype.element_ty), mask=m)
+
+
+@gluon.jit
 def _chunk_grads_bwd_gluon_kernel(
     q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
     G, beta, dq, dk, dv, dbeta, dg,
@@ -263,34 +456,15 @@ def _chunk_grads_bwd_gluon_kernel(
     rows = gl.arange(0, BT, layout=R64)
     cols = gl.arange(0, BT, layout=C64)
     p_s = bos.to(gl.int64) * HV + i_hv
-    g_r = gl.load(G + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
-    g_c = gl.load(G + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
-    b_r = gl.load(beta + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
-    b_c = gl.load(beta + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
-    gam_r = gl.where(rows < n, gl.exp(g_r), 0.0)
-    gam_c = gl.where(cols < n, gl.exp(g_c), 0.0)
-    g_last = gl.load(G + p_s + (n - 1) * HV).to(gl.float32)
-    gam_r128 = gl.convert_layout(gam_r, R128)
-    b_r128 = gl.convert_layout(b_r, R128)
-    kd128 = gl.convert_layout(gl.where(rows < n, gl.exp(g_last - g_r), 0.0), R128)
+    g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
+        G, beta, p_s, n, HV, rows, cols, R128)
 
     # --- a short chunk: rows >= n of every token tile (and T's columns >= n) to zero
     # before any product can bring 0·NaN of the next document into a valid row
     if n < BT:
         mbarrier.wait(bars.index(0), 0)
         mbarrier.wait(bars.index(1), 0)
-        _zero_rows(q_s, n, BT, K, IO)
-        _zero_rows(k_s, n, BT, K, IO)
-        _zero_rows(v_s, n, BT, V, IO)
-        _zero_rows(vn_s, n, BT, V, IO)
-        _zero_rows(do_s, n, BT, V, IO)
-        _zero_rows(du_s, n, BT, V, IO)
-        ar = gl.arange(0, BT, layout=gl.SliceLayout(1, SCAN))
-        ac = gl.arange(0, BT, layout=gl.SliceLayout(0, SCAN))
-        at = a_s.load(SCAN)
-        a_s.store(gl.where((ar[:, None] < n) & (ac[None, :] < n), at, gl.zeros_like(at)))
-        fence_async_shared()
-        gl.thread_barrier()
+        _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT, K, V, IO, SCAN)
 
     z64 = gl.zeros([BT, BT], gl.float32, L64)
     z128 = gl.zeros([BT, V], gl.float32, L128)
@@ -299,108 +473,36 @@ def _chunk_grads_bwd_gluon_kernel(
     mbarrier.wait(bars.index(0), 0)
     dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
     qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    dp = warpgroup_mma_wait(1, deps=[dp, do_s, vn_s])[0]
-    m_low = (rows[:, None] >= cols[None, :]) & (rows[:, None] < n)
-    ds = dp * gl.exp(gl.where(m_low, g_r[:, None] - g_c[None, :], float("-inf"))) * scale
-    ds_s.store(ds.to(dtype))
-    qk = warpgroup_mma_wait(0, deps=[qk, q_s, k_s])[0]
-    cs_o = _crossing_sums(ds * qk, BT, SCAN, R64)  # Mo = (dP ⊙ D) scale ⊙ Q Kᵀ
-
-    # dṼ = Tᵀ dU (dv, v·dṼ) and X1 = dU Vᵀ (dT's dU half, β applied to its columns)
+    cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
+                           BT, SCAN, R64)
     mbarrier.wait(bars.index(1), 0)
-    dvt = warpgroup_mma(a_s.permute((1, 0)), du_s, z128, use_acc=False, is_async=True)
-    x1 = warpgroup_mma(du_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    dvt = warpgroup_mma_wait(1, deps=[dvt, a_s, du_s])[0]
-    db_v = gl.sum(dvt * v_s.load(L128).to(gl.float32), axis=1)  # v·dṼ
-    tvo = p_s * V
-    _store_rows(dv + tvo, dvt * b_r128[:, None], n, HV * V, BT, V, L128)
+    x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V, L128)
 
     # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
     mbarrier.wait(bars.index(2), 0)
-    dqs = warpgroup_mma(do_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-    dwn = warpgroup_mma(du_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-    x1 = warpgroup_mma_wait(2, deps=[x1, du_s, v_s])[0]
-    dqs = warpgroup_mma_wait(1, deps=[dqs, do_s, h_s])[0]
-    dqs = dqs * (gam_r128 * scale)[:, None]
-    dgq = gl.sum(q_s.load(L128).to(gl.float32) * dqs, axis=1)  # q·dQ_state
-    fence_async_shared()
-    gl.thread_barrier()  # ds_s written by both warpgroups; v_s read by all (x1, db_v)
-    dqa = warpgroup_mma(ds_s, k_s, dqs, is_async=True)
-    dwn = warpgroup_mma_wait(1, deps=[dwn, du_s, h_s])[0]
-    dw_s = v_s  # V is spent: its tile carries dW (16-bit, as the Triton kernels round it)
-    dw_s.store((-dwn).to(dtype))
-    dqa = warpgroup_mma_wait(0, deps=[dqa, ds_s, k_s])[0]
-    tko = p_s * K
-    _store_rows(dq + tko, dqa, n, HV * K, BT, K, L128)
-    fence_async_shared()
-    gl.thread_barrier()
-    # dT = dU (βV)ᵀ + dW (βΓK)ᵀ: β, βΓ on the columns in fp32 (Triton rounds βV, βΓK)
-    x2 = warpgroup_mma(dw_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    x2 = warpgroup_mma_wait(0, deps=[x2, dw_s, k_s])[0]
-    d_t = x1 * b_c[None, :] + x2 * (b_c * gam_c)[None, :]
+    x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, p_s,
+                                gam_r128, n, scale, HV, BT, K, L128)
+    d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
 
     # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
-    dt_s.store(d_t.to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    xx = warpgroup_mma(dt_s, a_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    kk = warpgroup_mma(k_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    xx = warpgroup_mma_wait(1, deps=[xx, dt_s, a_s])[0]
-    gl.thread_barrier()  # both warpgroups' reads of dT are done: its tile takes dT Tᵀ
-    dt_s.store(xx.to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    da = warpgroup_mma(a_s.permute((1, 0)), dt_s, z64, use_acc=False, is_async=True)
-    kk = warpgroup_mma_wait(1, deps=[kk, k_s])[0]
-    da = warpgroup_mma_wait(0, deps=[da, a_s, dt_s])[0]
-    m_low1 = (rows[:, None] > cols[None, :]) & (rows[:, None] < n)
-    e = gl.where(m_low1, -da * gl.exp(gl.where(m_low1, g_r[:, None] - g_c[None, :], 0.0)), 0.0)
-    e_s.store(e.to(dtype))
-    eb_s.store((e * b_r[:, None]).to(dtype))
-    cs_w = _crossing_sums(e * b_r[:, None] * kk, BT, SCAN, R64)  # Mw = E' ⊙ diag(β) K Kᵀ
-    fence_async_shared()
-    gl.thread_barrier()
+    cs_w = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
+                    SCAN, R64)
 
     # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
     #         C = Γ ⊙ (Tᵀ dW) + E' K
     acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
     mbarrier.wait(bars.index(3), 0)
-    dks = warpgroup_mma(vn_s, dh_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-    # ⟨S, dS⟩ from shared memory while the products run (fixed order: rows in blocks)
-    SB: gl.constexpr = 32
-    pr = gl.zeros([SB, V], gl.float32, IO)
-    for i in gl.static_range(K // SB):
-        pr += (h_s.slice(i * SB, SB).load(IO).to(gl.float32)
-               * dh_s.slice(i * SB, SB).load(IO).to(gl.float32))
-    sds = gl.sum(gl.sum(pr, axis=1), axis=0)
-    acc = warpgroup_mma_wait(1, deps=[acc, a_s, dw_s])[0]
-    acc = acc * gam_r128[:, None]
-    k_r = k_s.load(L128).to(gl.float32)
-    wr = gl.sum(acc * k_r, axis=1)  # k·Γ(Tᵀ dW)
-    acc = warpgroup_mma(e_s, k_s, acc, is_async=True)  # C
-    acc, dks, _, _, _, _ = warpgroup_mma_wait(0, deps=[acc, dks, e_s, k_s, vn_s, dh_s])
-    db_c = gl.sum(acc * k_r, axis=1)  # k·C
-    acc = warpgroup_mma(eb_s.permute((1, 0)), k_s, acc * b_r128[:, None], is_async=True)
-    dks = dks * kd128[:, None]
-    kds = gl.sum(k_r * dks, axis=1)  # k·dK_state
-    acc = warpgroup_mma_wait(0, deps=[acc, eb_s, k_s])[0]
-    acc = warpgroup_mma(ds_s.permute((1, 0)), q_s, acc + dks, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=[acc, ds_s, q_s])[0]
-    _store_rows(dk + tko, acc, n, HV * K, BT, K, L128)
+    acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
+    acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128)
+    acc, db_c, kds = _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128)
+    _store_rows(dk + p_s * K, acc, n, HV * K, BT, K, L128)
 
     for i in gl.static_range(4):
         mbarrier.invalidate(bars.index(i))
 
     # ---- dg, dβ (the Triton kernels' order of terms)
-    b_dg = cs_w + cs_o
-    b_dg += gl.exp(g_last) * sds
-    b_dg += _prefix_sum_excl(gl.convert_layout(kds, R64), rows, cols, R64)
-    b_dg += _suffix_sum(b_r * gl.convert_layout(wr, R64), rows, cols, R64)
-    b_dg += _suffix_sum(gl.convert_layout(dgq, R64), rows, cols, R64)
-    b_db = gl.convert_layout(db_c, R64) + gl.convert_layout(db_v, R64)
-    m = rows < n
-    gl.store(dg + p_s + rows * HV, b_dg.to(dg.dtype.element_ty), mask=m)
-    gl.store(dbeta + p_s + rows * HV, b_db.to(dbeta.dtype.element_ty), mask=m)
+    _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr, dgq,
+                    db_c, db_v, b_r, R64)
 
 
 _CHUNK_GRADS_BWD_GLUON_KERNEL = cached_launch(_chunk_grads_bwd_gluon_kernel)

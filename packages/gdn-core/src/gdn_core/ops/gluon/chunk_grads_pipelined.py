@@ -80,11 +80,18 @@ import torch
 from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.gluon import chunk_grads as _cg
 from gdn_core.ops.gluon.chunk_grads import (
-    _crossing_sums,
-    _prefix_sum_excl,
+    _chunk_vectors,
+    _phase_a_scores,
+    _phase_a_values,
+    _phase_b_dq,
+    _phase_b_dt,
+    _phase_c,
+    _phase_d_c,
+    _phase_d_dk,
+    _phase_d_state,
+    _store_dg_dbeta,
     _store_rows,
-    _suffix_sum,
-    _zero_rows,
+    _zero_short_chunk,
     prepare_launch,
 )
 from gdn_core.ops.gluon.lang import (
@@ -94,7 +101,6 @@ from gdn_core.ops.gluon.lang import (
     mbarrier,
     tma,
     warpgroup_mma,
-    warpgroup_mma_wait,
 )
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
@@ -241,16 +247,8 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         rows = gl.arange(0, BT, layout=R64)
         cols = gl.arange(0, BT, layout=C64)
         p_s = bos.to(gl.int64) * HV + i_hv
-        g_r = gl.load(G + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
-        g_c = gl.load(G + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
-        b_r = gl.load(beta + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
-        b_c = gl.load(beta + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
-        gam_r = gl.where(rows < n, gl.exp(g_r), 0.0)
-        gam_c = gl.where(cols < n, gl.exp(g_c), 0.0)
-        g_last = gl.load(G + p_s + (n - 1) * HV).to(gl.float32)
-        gam_r128 = gl.convert_layout(gam_r, R128)
-        b_r128 = gl.convert_layout(b_r, R128)
-        kd128 = gl.convert_layout(gl.where(rows < n, gl.exp(g_last - g_r), 0.0), R128)
+        g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
+            G, beta, p_s, n, HV, rows, cols, R128)
 
         # --- a short chunk: rows >= n of every token tile (and T's columns >= n) to zero
         if n < BT:
@@ -259,18 +257,7 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
             mbarrier.wait(b_qk, ph)
             mbarrier.wait(b_a, ph)
             mbarrier.wait(b_uv, ph)
-            _zero_rows(q_s, n, BT, K, IO)
-            _zero_rows(k_s, n, BT, K, IO)
-            _zero_rows(v_s, n, BT, V, IO)
-            _zero_rows(vn_s, n, BT, V, IO)
-            _zero_rows(do_s, n, BT, V, IO)
-            _zero_rows(du_s, n, BT, V, IO)
-            ar = gl.arange(0, BT, layout=gl.SliceLayout(1, SCAN))
-            ac = gl.arange(0, BT, layout=gl.SliceLayout(0, SCAN))
-            at = a_s.load(SCAN)
-            a_s.store(gl.where((ar[:, None] < n) & (ac[None, :] < n), at, gl.zeros_like(at)))
-            fence_async_shared()
-            gl.thread_barrier()
+            _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT, K, V, IO, SCAN)
 
         z64 = gl.zeros([BT, BT], gl.float32, L64)
         z128 = gl.zeros([BT, V], gl.float32, L128)
@@ -281,89 +268,34 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         mbarrier.wait(b_qk, ph)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dp = warpgroup_mma_wait(1, deps=[dp, do_s, vn_s])[0]
-        m_low = (rows[:, None] >= cols[None, :]) & (rows[:, None] < n)
-        ds = dp * gl.exp(gl.where(m_low, g_r[:, None] - g_c[None, :], float("-inf"))) * scale
-        ds_s.store(ds.to(dtype))
-        qk = warpgroup_mma_wait(0, deps=[qk, q_s, k_s])[0]
-        cs_o = _crossing_sums(ds * qk, BT, SCAN, R64)  # Mo = (dP ⊙ D) scale ⊙ Q Kᵀ
-
-        # dṼ = Tᵀ dU (dv, v·dṼ) and X1 = dU Vᵀ (dT's dU half, β applied to its columns)
+        cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
+                               scale, BT, SCAN, R64)
         mbarrier.wait(b_a, ph)
         mbarrier.wait(b_uv, ph)
-        dvt = warpgroup_mma(a_s.permute((1, 0)), du_s, z128, use_acc=False, is_async=True)
-        x1 = warpgroup_mma(du_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        dvt = warpgroup_mma_wait(1, deps=[dvt, a_s, du_s])[0]
-        db_v = gl.sum(dvt * v_s.load(L128).to(gl.float32), axis=1)  # v·dṼ
-        tvo = p_s * V
-        _store_rows(dv + tvo, dvt * b_r128[:, None], n, HV * V, BT, V, L128)
+        x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V,
+                                   L128)
 
         # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
         mbarrier.wait(b_h, ph)
-        dqs = warpgroup_mma(do_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-        dwn = warpgroup_mma(du_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-        x1 = warpgroup_mma_wait(2, deps=[x1, du_s, v_s])[0]
-        dqs = warpgroup_mma_wait(1, deps=[dqs, do_s, h_s])[0]
-        dqs = dqs * (gam_r128 * scale)[:, None]
-        dgq = gl.sum(q_s.load(L128).to(gl.float32) * dqs, axis=1)  # q·dQ_state
-        fence_async_shared()
-        gl.thread_barrier()  # ds_s written by both warpgroups; v_s read by all (x1, db_v)
-        dqa = warpgroup_mma(ds_s, k_s, dqs, is_async=True)
-        dwn = warpgroup_mma_wait(1, deps=[dwn, du_s, h_s])[0]
-        dw_s = v_s  # V is spent: its slot carries dW (16-bit, as the Triton kernels round it)
-        dw_s.store((-dwn).to(dtype))
-        dqa = warpgroup_mma_wait(0, deps=[dqa, ds_s, k_s])[0]
-        tko = p_s * K
-        _store_rows(dq + tko, dqa, n, HV * K, BT, K, L128)
-        fence_async_shared()
-        gl.thread_barrier()
+        x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, p_s,
+                                    gam_r128, n, scale, HV, BT, K, L128)
         # P1: dO and dU are spent (both warpgroups waited on dO Sᵀ, dU Sᵀ): the next
         # tile's Q into dO's slot, its K into dU's slot
         tk_n = (hv_n // GROUP) * K
         mbarrier.expect(b_qk, 2 * nb_tile, pred=more)
         tma.async_copy_global_to_shared(q_desc, [bos_n, tk_n], b_qk, do_s, pred=more)
         tma.async_copy_global_to_shared(k_desc, [bos_n, tk_n], b_qk, du_s, pred=more)
-        # dT = dU (βV)ᵀ + dW (βΓK)ᵀ: β, βΓ on the columns in fp32 (Triton rounds βV, βΓK)
-        x2 = warpgroup_mma(dw_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        x2 = warpgroup_mma_wait(0, deps=[x2, dw_s, k_s])[0]
-        d_t = x1 * b_c[None, :] + x2 * (b_c * gam_c)[None, :]
+        d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
 
         # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
-        dt_s.store(d_t.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        xx = warpgroup_mma(dt_s, a_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        kk = warpgroup_mma(k_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        xx = warpgroup_mma_wait(1, deps=[xx, dt_s, a_s])[0]
-        gl.thread_barrier()  # both warpgroups' reads of dT are done: its tile takes dT Tᵀ
-        dt_s.store(xx.to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        da = warpgroup_mma(a_s.permute((1, 0)), dt_s, z64, use_acc=False, is_async=True)
-        kk = warpgroup_mma_wait(1, deps=[kk, k_s])[0]
-        da = warpgroup_mma_wait(0, deps=[da, a_s, dt_s])[0]
-        m_low1 = (rows[:, None] > cols[None, :]) & (rows[:, None] < n)
-        e = gl.where(m_low1, -da * gl.exp(gl.where(m_low1, g_r[:, None] - g_c[None, :], 0.0)),
-                     0.0)
-        e_s.store(e.to(dtype))
-        eb_s.store((e * b_r[:, None]).to(dtype))
-        cs_w = _crossing_sums(e * b_r[:, None] * kk, BT, SCAN, R64)  # Mw = E' ⊙ diag(β) K Kᵀ
-        fence_async_shared()
-        gl.thread_barrier()
+        cs_w = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
+                        SCAN, R64)
 
         # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
         #         C = Γ ⊙ (Tᵀ dW) + E' K
         acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
         mbarrier.wait(b_dh, ph)
-        dks = warpgroup_mma(vn_s, dh_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-        # ⟨S, dS⟩ from shared memory while the products run (fixed order: rows in blocks)
-        SB: gl.constexpr = 32
-        pr = gl.zeros([SB, V], gl.float32, IO)
-        for i in gl.static_range(K // SB):
-            pr += (h_s.slice(i * SB, SB).load(IO).to(gl.float32)
-                   * dh_s.slice(i * SB, SB).load(IO).to(gl.float32))
-        sds = gl.sum(gl.sum(pr, axis=1), axis=0)
-        acc = warpgroup_mma_wait(1, deps=[acc, a_s, dw_s])[0]
+        acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
         # P2a: dW and A_inv are spent: the next tile's dO into dW's slot, its A_inv
         fence_async_shared()
         gl.thread_barrier()
@@ -371,11 +303,7 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         tma.async_copy_global_to_shared(do_desc, [bos_n, tv_n], b_do, dw_s, pred=more)
         mbarrier.expect(b_a, a_desc.block_type.nbytes, pred=more)
         tma.async_copy_global_to_shared(a_desc, [bos_n, hv_n * BT], b_a, a_s, pred=more)
-        acc = acc * gam_r128[:, None]
-        k_r = k_s.load(L128).to(gl.float32)
-        wr = gl.sum(acc * k_r, axis=1)  # k·Γ(Tᵀ dW)
-        acc = warpgroup_mma(e_s, k_s, acc, is_async=True)  # C
-        acc, dks, _, _, _, _ = warpgroup_mma_wait(0, deps=[acc, dks, e_s, k_s, vn_s, dh_s])
+        acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128)
         # P2b: V', S, dS are spent (⟨S, dS⟩ read above): the next tile's V', S, dS
         gl.thread_barrier()
         st_n = (c_n * HV + hv_n) * K
@@ -385,13 +313,7 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         tma.async_copy_global_to_shared(h_desc, [st_n, 0], b_h, h_s, pred=more)
         mbarrier.expect(b_dh, dh_desc.block_type.nbytes, pred=more)
         tma.async_copy_global_to_shared(dh_desc, [st_n, 0], b_dh, dh_s, pred=more)
-        db_c = gl.sum(acc * k_r, axis=1)  # k·C
-        acc = warpgroup_mma(eb_s.permute((1, 0)), k_s, acc * b_r128[:, None], is_async=True)
-        dks = dks * kd128[:, None]
-        kds = gl.sum(k_r * dks, axis=1)  # k·dK_state
-        acc = warpgroup_mma_wait(0, deps=[acc, eb_s, k_s])[0]
-        acc = warpgroup_mma(ds_s.permute((1, 0)), q_s, acc + dks, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc, ds_s, q_s])[0]
+        acc, db_c, kds = _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128)
         # P4: Q and K are spent (and ds: the next tile may store over it): the next
         # tile's dU into Q's slot, its V into K's slot
         fence_async_shared()
@@ -399,18 +321,11 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         mbarrier.expect(b_uv, 2 * nb_tile, pred=more)
         tma.async_copy_global_to_shared(du_desc, [bos_n, tv_n], b_uv, q_s, pred=more)
         tma.async_copy_global_to_shared(v_desc, [bos_n, tv_n], b_uv, k_s, pred=more)
-        _store_rows(dk + tko, acc, n, HV * K, BT, K, L128)
+        _store_rows(dk + p_s * K, acc, n, HV * K, BT, K, L128)
 
         # ---- dg, dβ (the Triton kernels' order of terms)
-        b_dg = cs_w + cs_o
-        b_dg += gl.exp(g_last) * sds
-        b_dg += _prefix_sum_excl(gl.convert_layout(kds, R64), rows, cols, R64)
-        b_dg += _suffix_sum(b_r * gl.convert_layout(wr, R64), rows, cols, R64)
-        b_dg += _suffix_sum(gl.convert_layout(dgq, R64), rows, cols, R64)
-        b_db = gl.convert_layout(db_c, R64) + gl.convert_layout(db_v, R64)
-        m = rows < n
-        gl.store(dg + p_s + rows * HV, b_dg.to(dg.dtype.element_ty), mask=m)
-        gl.store(dbeta + p_s + rows * HV, b_db.to(dbeta.dtype.element_ty), mask=m)
+        _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr,
+                        dgq, db_c, db_v, b_r, R64)
         j += 1
 
     for i in gl.static_range(7):
