@@ -36,6 +36,11 @@ inside the reverse recurrence; bf16, K=V=128, group 1 and 2, ``store`` on and of
 from Python,
 ``report(kernel, types, constexprs, num_warps=, num_stages=)`` does any Triton kernel and
 ``report_gluon(kernel, example_args, constexprs, num_warps=)`` any Gluon one.
+``SM90_PTX_DIR=DIR`` also writes each reported kernel's PTX instructions there
+(:func:`ptx_code`): a refactor that should keep the bits is checked without a GPU by running
+the same mode on the old tree (``git worktree add``, its ``packages/*/src`` on
+``PYTHONPATH``) and on the new one into two folders and ``diff -r``-ing them (session 18:
+the chunk-gradient phases cut into helpers, both Gluon kernels identical).
 Like the JIT on the GPU, pointer arguments are taken as 16-byte aligned and an
 int argument written ``"i32:16"`` as a multiple of 16 (the JIT specialises
 both; without it loads are not vectorised and the figures are far too high).
@@ -52,7 +57,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-__all__ = ["report", "report_gluon"]
+__all__ = ["ptx_code", "report", "report_gluon"]
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -80,9 +85,27 @@ def report(fn, types: list[str], constexprs: dict, num_warps: int = 4, num_stage
     return _figures(kernel, f"{fn.__name__} warps={num_warps} stages={num_stages}")
 
 
+def ptx_code(ptx: str) -> str:
+    """The instructions of a PTX listing: no debug sections, ``.loc``/``.file`` lines,
+    labels or comments. Two builds whose ``ptx_code`` is equal run the same instructions
+    (a refactor of a kernel's source that keeps it equal keeps every output bit)."""
+    lines = []
+    for line in ptx.splitlines():
+        if ".debug" in line or "DW_TAG" in line:
+            break
+        t = line.strip()
+        if t.startswith((".loc", ".file", "//", ".section", "$L__")):
+            continue
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 def _figures(kernel, label: str) -> dict:
     """ptxas registers/spills (of the PTX, re-assembled with the wheel's ptxas), SASS
-    instruction count (of Triton's cubin) and shared memory of a compiled kernel."""
+    instruction count (of Triton's cubin) and shared memory of a compiled kernel. With
+    ``SM90_PTX_DIR`` set, also writes the kernel's :func:`ptx_code` there, one file per
+    report in call order (``NN-<kernel name>.ptx``): run a mode on two trees and ``diff -r``
+    the folders to check that a refactor changed no instruction."""
     with tempfile.TemporaryDirectory() as d:
         ptx, cubin = os.path.join(d, "k.ptx"), os.path.join(d, "k.cubin")
         with open(ptx, "w") as f:
@@ -99,6 +122,13 @@ def _figures(kernel, label: str) -> dict:
            "shared_bytes": kernel.metadata.shared, "ptx": kernel.asm["ptx"]}
     print(f"{label}: {out['ptxas']} | "
           f"SASS {out['sass_instructions']} | shared {out['shared_bytes']}")
+    folder = os.environ.get("SM90_PTX_DIR")
+    if folder:
+        os.makedirs(folder, exist_ok=True)
+        count = len([f for f in os.listdir(folder) if f.endswith(".ptx")])
+        name = re.sub(r"[^A-Za-z0-9_]+", "_", label.split(" ")[0])
+        with open(os.path.join(folder, f"{count:02d}-{name}.ptx"), "w") as f:
+            f.write(ptx_code(out["ptx"]))
     return out
 
 
