@@ -12,7 +12,9 @@ whether each variant is ``torch.equal`` to the first:
 * A from a K-major shared tile;
 * A from a shared tile holding ``Aᵀ``, ``permute``-d (MN-major: step 2's ``(−dos)ᵀ``);
 * ``−((−A)·B + (−C))``: the negated accumulator (is the accumulation sign-symmetric?);
-* M = 128 on one warpgroup (two m64 tiles a thread set) against two warpgroups.
+* M = 128 on one warpgroup (two m64 tiles a thread set) against two warpgroups;
+* ``(Bᵀ·Aᵀ)ᵀ`` against ``A·B`` (step 2 forms ``X = K·dS16`` where today's kernel forms
+  ``Xᵀ = dSᵀ Kᵀ``; M = 128, no C).
 
     python benchmarks/wgmma_operand_bits_probe.py [--trials 20]
 
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
              "−((−A)·B + (−C))")
     gen = torch.Generator(device="cuda").manual_seed(0)
     same = {(M, w, n): True for M, w in ((64, 4), (128, 4), (128, 8)) for n in names[1:]}
-    warps_same = True
+    warps_same = transposed_same = True
     for _ in range(args.trials):
         b = torch.randn(64, 128, generator=gen, device="cuda").bfloat16()
         a128 = torch.randn(128, 64, generator=gen, device="cuda").bfloat16()
@@ -111,11 +113,18 @@ def main(argv: list[str] | None = None) -> int:
             for i, n in enumerate(names[1:], start=1):
                 same[(M, warps, n)] &= torch.equal(out[i], out[0])
         warps_same &= torch.equal(outs[(128, 4)][0], outs[(128, 8)][0])
-    ok = all(same.values()) and warps_same
+        zero = torch.zeros(128, 128, device="cuda")
+        ab, ba = torch.empty(4, 128, 128, device="cuda"), torch.empty(4, 128, 128, device="cuda")
+        probe[(1,)](a128, b, zero, ab, M=128, WARPS=8, num_warps=8)
+        probe[(1,)](b.t().contiguous(), a128.t().contiguous(), zero, ba, M=128, WARPS=8,
+                    num_warps=8)
+        transposed_same &= torch.equal(ba[1].t(), ab[1])
+    ok = all(same.values()) and warps_same and transposed_same
     for (M, warps, n), eq in same.items():
         print(f"M={M:3d} {warps} warps: {n:28s} vs A in registers: "
               f"{'bitwise equal' if eq else 'DIFFERENT'}")
     print(f"M=128: one warpgroup vs two: {'bitwise equal' if warps_same else 'DIFFERENT'}")
+    print(f"(Bᵀ·Aᵀ)ᵀ vs A·B: {'bitwise equal' if transposed_same else 'DIFFERENT'}")
     return 0 if ok else 1
 
 
