@@ -31,7 +31,6 @@ kernels are not launched anywhere.
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -48,7 +47,7 @@ from gdn_core.ops.gluon.lang import (  # noqa: E402
     warpgroup_mma_wait,
 )
 from gdn_core.ops.gluon.tma import descriptor  # noqa: E402
-from sm90_report import report_gluon  # noqa: E402
+from sm90_report import gluon_grads_args, report_gluon, setmaxnreg  # noqa: E402
 
 BT, K, V = 64, 128, 128
 
@@ -164,10 +163,6 @@ def _budget_kernel(t_desc, a_desc, kd_ptr, b_ptr, g_ptr, dk, rows_out, G, dh0, n
         ], [4], [PARTNER_REGS])
 
 
-def _setmaxnreg(ptx: str) -> list[tuple[str, str]]:
-    return re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
-
-
 def partitions(tail: bool) -> None:
     """``state`` (``tail=False``) or ``tail``: per kernel cap (8 warps: the two partitions'
     average) and partner budget; the state partition gets ``2·cap − partner``."""
@@ -182,7 +177,7 @@ def partitions(tail: bool) -> None:
               f"state partition {2 * cap - partner}")
         out = report_gluon(_budget_kernel, args, dict(TAIL=tail, PARTNER_REGS=partner),
                            num_warps=4, maxnreg=cap)
-        print("  setmaxnreg:", _setmaxnreg(out["ptx"]))
+        print("  setmaxnreg:", setmaxnreg(out["ptx"]))
 
 
 def grads() -> None:
@@ -190,16 +185,7 @@ def grads() -> None:
     register caps."""
     from gdn_core.ops.gluon import chunk_grads as gc
 
-    T, NT, H = 1024, 16, 16
-    bf = torch.bfloat16
-    q = torch.zeros(T, H, K, dtype=bf)
-    h = torch.zeros(NT, H, K, V, dtype=bf)
-    a = torch.zeros(T, H, BT, dtype=bf)
-    i32 = torch.zeros(NT, dtype=torch.int32)
-    args = dict(gc._descriptors(q, q, q, q, h, h, q, q, a), G=torch.zeros(T, H),
-                beta=torch.zeros(T, H, dtype=bf), dq=q, dk=q, dv=q,
-                dbeta=torch.zeros(T, H, dtype=bf), dg=torch.zeros(T, H),
-                chunk_start=i32, chunk_len=i32, scale=0.5, HV=H)
+    args = gluon_grads_args(16, 16)
     for cap in (200, 168, 160, 152):
         print(f"grads: cap {cap}")
         report_gluon(gc._chunk_grads_bwd_gluon_kernel, args, dict(GROUP=1, K=K, V=V, BT=BT),

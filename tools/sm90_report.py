@@ -57,7 +57,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-__all__ = ["ptx_code", "report", "report_gluon"]
+__all__ = ["gluon_grads_args", "ptx_code", "report", "report_gluon", "setmaxnreg"]
 
 _BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 
@@ -183,31 +183,46 @@ def gluon_reports() -> None:
                          dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
 
 
-def gluon_grads_reports() -> None:
-    """The Gluon chunk-gradient kernel (:mod:`gdn_core.ops.gluon.chunk_grads`) as its launcher
-    builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded
-    into bf16) and H = 8, HV = 16 (group 2, fp32 partials); 8 warps (the launcher's: two
-    warpgroups splitting the columns) and 4 (one warpgroup, for comparison)."""
+def gluon_grads_args(H: int, HV: int) -> dict:
+    """Example arguments of the Gluon chunk-gradient kernels as their launchers build them
+    (CPU tensors, bf16, K = V = 128, chunks of 64, T = 1024: ``dq``/``dk`` bf16 with one
+    value head per q/k head, fp32 partials otherwise)."""
     import torch
     from gdn_core.ops.gluon import chunk_grads as gc
 
     T, NT, K = 1024, 16, 128
     bf = torch.bfloat16
+    q = torch.zeros(T, H, K, dtype=bf)
+    v = torch.zeros(T, HV, K, dtype=bf)
+    h = torch.zeros(NT, HV, K, K, dtype=bf)
+    a = torch.zeros(T, HV, 64, dtype=bf)
+    out = torch.zeros(T, HV, K, dtype=bf if H == HV else torch.float32)
+    i32 = torch.zeros(NT, dtype=torch.int32)
+    return dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
+                beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
+                dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
+                chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+
+
+def setmaxnreg(ptx: str) -> list[tuple[str, str]]:
+    """The ``setmaxnreg`` instructions of a warp-specialised kernel's PTX, in order:
+    ``("inc" | "dec", registers)``."""
+    return re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+
+
+def gluon_grads_reports() -> None:
+    """The Gluon chunk-gradient kernel (:mod:`gdn_core.ops.gluon.chunk_grads`) as its launcher
+    builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded
+    into bf16) and H = 8, HV = 16 (group 2, fp32 partials); 8 warps (the launcher's: two
+    warpgroups splitting the columns) and 4 (one warpgroup, for comparison)."""
+    from gdn_core.ops.gluon import chunk_grads as gc
+
     for H, HV in ((16, 16), (8, 16)):
-        q = torch.zeros(T, H, K, dtype=bf)
-        v = torch.zeros(T, HV, K, dtype=bf)
-        h = torch.zeros(NT, HV, K, K, dtype=bf)
-        a = torch.zeros(T, HV, 64, dtype=bf)
-        out = torch.zeros(T, HV, K, dtype=bf if H == HV else torch.float32)
-        i32 = torch.zeros(NT, dtype=torch.int32)
-        args = dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
-                    beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
-                    dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
-                    chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+        args = gluon_grads_args(H, HV)
         for warps in (gc.GLUON_CHUNK_GRADS_WARPS, 4):
-            print(f"H={H} HV={HV} dq/dk {out.dtype}")
+            print(f"H={H} HV={HV} dq/dk {args['dq'].dtype}")
             report_gluon(gc._chunk_grads_bwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
+                         dict(GROUP=HV // H, K=128, V=128, BT=64), num_warps=warps)
 
 
 def gluon_grads2_reports() -> None:
@@ -216,25 +231,14 @@ def gluon_grads2_reports() -> None:
     pipelines (:mod:`gdn_core.ops.gluon.chunk_grads`), as their launchers build them:
     bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded into bf16)
     and H = 8, HV = 16 (group 2, fp32 partials), 8 warps."""
-    import torch
     from gdn_core.ops.gluon import chunk_grads as gc
     from gdn_core.ops.gluon import chunk_grads_pipelined as gp
 
-    T, NT, K = 1024, 16, 128
-    bf = torch.bfloat16
+    NT = 16  # gluon_grads_args' chunks
     for H, HV in ((16, 16), (8, 16)):
-        q = torch.zeros(T, H, K, dtype=bf)
-        v = torch.zeros(T, HV, K, dtype=bf)
-        h = torch.zeros(NT, HV, K, K, dtype=bf)
-        a = torch.zeros(T, HV, 64, dtype=bf)
-        out = torch.zeros(T, HV, K, dtype=bf if H == HV else torch.float32)
-        i32 = torch.zeros(NT, dtype=torch.int32)
-        args = dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
-                    beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
-                    dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
-                    chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
-        meta = dict(GROUP=HV // H, K=K, V=K, BT=64)
-        print(f"H={H} HV={HV} dq/dk {out.dtype}")
+        args = gluon_grads_args(H, HV)
+        meta = dict(GROUP=HV // H, K=128, V=128, BT=64)
+        print(f"H={H} HV={HV} dq/dk {args['dq'].dtype}")
         report_gluon(gc._chunk_grads_bwd_gluon_kernel, args, meta,
                      num_warps=gc.GLUON_CHUNK_GRADS_WARPS)
         report_gluon(gp._chunk_grads_bwd_gluon_pipelined_kernel, dict(args, n_tiles=NT * HV),
@@ -548,7 +552,7 @@ def fused_state_reports() -> None:
                      STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, ORDERED=ordered),
                 num_warps=8, maxnreg=fs._MAXNREG)
             ptx = out["ptx"]
-            regs = re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
+            regs = setmaxnreg(ptx)
             print("  setmaxnreg:", regs,
                   "| bar.sync:", len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
                   "| mbarrier ops:", len(re.findall(r"\bmbarrier\.", ptx)),
