@@ -24,26 +24,16 @@ TINY_SHAPES = "B1,T80,H2,K32,V32;B1,T150,H1,HV2,K32,V32,D3"
 TINY_ACC = "B1,T70,H1,HV2,K32,V32,D2"
 
 
-def _load_common():
-    spec = importlib.util.spec_from_file_location(
-        "gdn_bench_common", REPO_ROOT / "benchmarks" / "common.py"
-    )
+def _load(name: str, path: Path):
+    """The script at ``path`` imported as module ``name`` (its ``main`` not run)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-common = _load_common()
-
-
-def _bench_module():
-    """``bench_gdn_train.py`` imported as a module (its ``main`` not run)."""
-    spec = importlib.util.spec_from_file_location("gdn_bench_gdn_train", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+common = _load("gdn_bench_common", REPO_ROOT / "benchmarks" / "common.py")
 
 
 def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -122,7 +112,7 @@ def test_smoke_det_and_nondet_arms(tmp_path):
 
 
 def test_kernel_summary_counts_launches_in_order():
-    bench = _bench_module()
+    bench = _load("gdn_bench_gdn_train", SCRIPT)
     events = [("alloc", "aten.empty", "x"), ("triton", "_wy_kernel", "a"),
               ("triton", "_chunk_state_fwd_kernel", "b"), ("work", "aten.zeros", "c"),
               ("triton", "_wy_kernel", "d"), ("triton", "_fused_state_bwd_gluon_kernel", "e")]

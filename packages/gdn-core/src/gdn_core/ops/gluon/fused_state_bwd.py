@@ -134,7 +134,7 @@ __all__ = [
 #: ``dh``/``dV'`` staging tiles (48 KB) leave room for two.
 GLUON_FUSED_STATE_STAGES = 2
 #: The ring's stages with ``store=False`` (the segment backward's first pass): no staging
-#: tiles, so a third stage fits (229,948 B of the 232,448 B a CTA may take). The stage count
+#: tiles, so a third stage fits (229,964 B of the 232,448 B a CTA may take). The stage count
 #: changes only how far ahead the loads run, never the arithmetic: the same bits.
 GLUON_FUSED_STATE_FIRST_PASS_STAGES = 3
 #: ``dv_local`` tiles between A and S (16 KB each): how far A may run ahead.
