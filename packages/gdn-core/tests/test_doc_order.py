@@ -8,6 +8,8 @@ backward's Gluon kernel is checked on the GPU (``test_gluon_fused_state_bwd_gpu.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from gdn_core.chunking import ChunkIndex, longest_first, ordered_docs
@@ -30,20 +32,20 @@ def test_doc_order_is_longest_first():
 
 
 def test_ordered_docs_follows_the_switch(monkeypatch):
-    """Unset: the caller's default (the forward walks on, the reverse walk off); ``0`` and
-    ``1`` override it either way; anything else raises."""
+    """Unset and ``1``: the longest-first table; ``0``: none; anything else raises; a
+    padded index (no table) gives none either way."""
     index = ChunkIndex.build(offsets_of(LENGTHS), "cpu")
     monkeypatch.delenv(DOC_ORDER_ENV, raising=False)
-    assert ordered_docs(index) is None
-    assert ordered_docs(index, default=True) is index.doc_order
+    assert ordered_docs(index) is index.doc_order
     monkeypatch.setenv(DOC_ORDER_ENV, "0")
-    assert ordered_docs(index) is None and ordered_docs(index, default=True) is None
+    assert ordered_docs(index) is None
     monkeypatch.setenv(DOC_ORDER_ENV, "1")
     assert ordered_docs(index) is index.doc_order
-    assert ordered_docs(index, default=True) is index.doc_order
     monkeypatch.setenv(DOC_ORDER_ENV, "yes")
     with pytest.raises(ValueError, match=DOC_ORDER_ENV):
         ordered_docs(index)
+    monkeypatch.delenv(DOC_ORDER_ENV, raising=False)
+    assert ordered_docs(dataclasses.replace(index, doc_order=None)) is None
 
 
 def _grids(monkeypatch) -> list[tuple[str, tuple, object]]:

@@ -168,19 +168,18 @@ class ChunkIndex:
         return index, rest
 
 
-def ordered_docs(index: ChunkIndex, *, default: bool = False) -> torch.Tensor | None:
-    """``index.doc_order`` where ``GDN_CORE_DOC_ORDER`` asks for it (``1``; unset: the
-    caller's ``default``) and the index has one (a padded index has none), else ``None``: a
-    launch that walks one document a program then takes its documents in that order, from a
-    document-major grid. The forward walks (the state forward, the fused forward) default
-    to it, the reverse walk (the fused state backward) does not: measured on the H200
+def ordered_docs(index: ChunkIndex) -> torch.Tensor | None:
+    """``index.doc_order`` unless ``GDN_CORE_DOC_ORDER=0`` or the index has none (a padded
+    index), else ``None``: a launch that walks one document a program then takes its
+    documents longest first, from a document-major grid. Every such walk does (the state
+    forward, the fused forward, the fused state backward): measured on the H200
     (:data:`gdn_core.switches.DOC_ORDER_ENV`).
 
     Raises:
         ValueError: ``GDN_CORE_DOC_ORDER`` set to anything but ``0`` or ``1``.
     """
     setting = switch_setting(DOC_ORDER_ENV)
-    if index.doc_order is None or not (default if setting is None else setting):
+    if index.doc_order is None or setting is False:
         return None
     return index.doc_order
 

@@ -28,11 +28,10 @@ BWD_ALIAS_ENV = "GDN_CORE_BWD_ALIAS"
 #: first (:func:`gdn_core.chunking.ordered_docs`, a document-major grid): the fused state
 #: backward (Gluon), the state forward and the fused forward (Triton). The same bits; a
 #: shorter wave tail where the programs outnumber the SMs (list scheduling of the
-#: benchmark's 8-document segments, one program an SM: 102 → 67 chunk steps). ``1``: every
-#: such kernel; ``0``: none; unset: the forward walks (the state forward, in the forward
-#: and the backward's recompute, and the fused forward), not the fused state backward.
-#: H200, session 18, all on against all off: the forward 0.87-0.92× at 8 and 16 documents
-#: and HV32, fwd+bwd 0.94-0.95× at HV32 and 16 documents but 1.03× at 8
+#: benchmark's 8-document segments, one program an SM: 102 → 67 chunk steps). Unset or
+#: ``1``: every such kernel (the default since session 19); ``0``: none. H200: the forward
+#: 0.87-0.92× at 8 and 16 documents and HV32 (session 18); the fused state backward 243
+#: against 301 µs a call at 8 documents of the benchmark's lengths (session 19 profile)
 DOC_ORDER_ENV = "GDN_CORE_DOC_ORDER"
 
 #: how the WY forward kernel inverts ``I + A`` (:func:`gdn_core.ops.wy.wy_fwd`): ``subst``

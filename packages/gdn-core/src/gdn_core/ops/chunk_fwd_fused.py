@@ -276,7 +276,7 @@ def chunk_fwd_fused(
     cfg = chunk_fwd_fused_config(K, V)
     if CONFIG_OVERRIDE:
         cfg.update({key: CONFIG_OVERRIDE[key] for key in _OVERRIDABLE if key in CONFIG_OVERRIDE})
-    order = ordered_docs(index, default=True)
+    order = ordered_docs(index)
     grid = doc_grid(triton.cdiv(V, cfg["BV"]), N, HV, order)
     _CHUNK_FWD_FUSED_KERNEL[grid](
         q, k, W, U, G, initial_state, o, final, index.doc_offsets, order, float(scale),

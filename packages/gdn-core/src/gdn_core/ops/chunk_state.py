@@ -280,7 +280,7 @@ def chunk_state_fwd(
                     final[..., VU:].copy_(torch.eye(K, dtype=torch.float32, device=dev))
         return h, v_new, final
     cfg = chunk_state_config(K, V, k.element_size(), programs=N * HV)
-    order = ordered_docs(index, default=True)
+    order = ordered_docs(index)
     grid = doc_grid(triton.cdiv(V, cfg["BV"]), N, HV, order)
     _CHUNK_STATE_FWD_KERNEL[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,

@@ -3,7 +3,7 @@
 Such a kernel's programs are ``(value block, document, value head)``: grid
 ``(V/BV, N, HV)``, head-major (the hardware starts blocks in linear order, the
 first grid axis fastest). With a document order (:func:`gdn_core.chunking.ordered_docs`:
-the default of these forward walks; ``GDN_CORE_DOC_ORDER=0`` turns it off) the grid is
+the default; ``GDN_CORE_DOC_ORDER=0`` turns it off) the grid is
 document-major, ``(V/BV, HV, N)``, and program ``(v, hv, j)`` walks document
 ``doc_order[j]``: the longest walks start in the first wave. Each program's results
 depend on its own document only, so the bits do not depend on the order.

@@ -90,10 +90,10 @@ S, issued behind the chain's first two MMAs); A lost its ``ld_free`` barrier. Th
 arithmetic of the PTX is unchanged (the same counts of fma/mul/sub/ex2/selp/cvt and wgmma
 as before). The non-specialised state kernel takes 255 registers on 8 warps.
 
-**Order of the programs.** With ``GDN_CORE_DOC_ORDER=1``
-(:data:`gdn_core.switches.DOC_ORDER_ENV`; unset, this reverse walk keeps document order
-while the forward walks take the longest first: all on, the H200's backward was faster at
-HV32 and 16 documents, slower at 8) program ``(hv, j)`` takes document
+**Order of the programs.** Unless ``GDN_CORE_DOC_ORDER=0``
+(:data:`gdn_core.switches.DOC_ORDER_ENV`; the default since session 19, whose H200
+profile gave 243 against 301 µs a call at 8 documents of the benchmark's lengths) program
+``(hv, j)`` takes document
 ``index.doc_order[j]``, the longest first, so that where the programs outnumber the SMs the
 long walks start in the first wave; each program's results depend on its own document
 only, so the bits are the same in either order.
