@@ -26,8 +26,7 @@ def cached() -> CachedLauncher:
 
 
 def _key(cached: CachedLauncher, *args, device: int = 0, **kwargs):
-    values = cached.bind(args, kwargs)
-    return None if values is None else cached.specialisation_key(device, values, kwargs)[0]
+    return cached.call_key(device, args, kwargs)[0]
 
 
 def _args(**over):
@@ -37,13 +36,11 @@ def _args(**over):
     return tuple(base.values())
 
 
-def test_bind_orders_every_parameter_and_applies_defaults(cached):
-    x = torch.zeros(4)
-    assert cached.bind((x, x, 3, 1.0, False, None), {"BLOCK": 16}) == [
-        x, x, 3, 1.0, False, None, 16, "a"]
-    assert cached.bind((x,), {"y": x, "n": 3, "scale": 1.0, "flag": False, "opt": None,
-                              "BLOCK": 16, "MODE": "b"})[-1] == "b"
-    assert cached.bind((x,), {"BLOCK": 16}) is None  # missing arguments: Triton reports
+def test_tail_orders_the_later_parameters_and_applies_defaults(cached):
+    assert cached.tail(6, {"BLOCK": 16}) == (16, "a")
+    assert cached.tail(6, {"BLOCK": 16, "MODE": "b", "num_warps": 4}) == (16, "b")
+    assert cached.tail(7, {}) == ("a",)  # BLOCK given positionally
+    assert cached.tail(6, {}) is None  # BLOCK missing: Triton reports it
 
 
 def test_equal_calls_share_a_key_and_launch_options_count(cached):
@@ -87,6 +84,18 @@ def test_an_argument_of_another_kind_takes_tritons_path(cached):
     assert _key(cached, *_args(opt=[1, 2]), BLOCK=16) is None
 
 
+def test_a_runtime_argument_by_keyword_takes_tritons_path(cached):
+    x = torch.zeros(8)
+    assert _key(cached, x, y=x, n=7, scale=0.5, flag=True, opt=None, BLOCK=16) is None
+
+
+def test_a_positional_constexpr_keys_on_its_value(cached):
+    a = _key(cached, *_args(), 16)
+    assert a is not None and a == _key(cached, *_args(), 16)
+    assert a != _key(cached, *_args(), 32)
+    assert a != _key(cached, *_args(), BLOCK=16)  # the same call spelled otherwise: apart
+
+
 def test_without_a_compiled_kernel_the_wrapper_is_the_kernel():
     class Plain:
         def __getitem__(self, grid):
@@ -113,9 +122,9 @@ def test_a_gluon_descriptor_keys_on_dtype_block_and_layout(cached):
 def test_a_cached_launch_passes_tensors_as_their_addresses(cached):
     x, y = torch.zeros(8), torch.zeros(8, dtype=torch.float16)
     args = (x, y, 7, 0.5, True, None)
-    values = cached.bind(args, {"BLOCK": 16})
-    key, launch = cached.specialisation_key(0, values, {"BLOCK": 16})
-    assert launch == [x.data_ptr(), y.data_ptr(), 7, 0.5, True, None, 16, "a"]
-    assert values[0] is x  # the bound values themselves are left as they are
+    key, head = cached.call_key(0, args, {"BLOCK": 16})
+    assert head == [x.data_ptr(), y.data_ptr(), 7, 0.5, True, None]
+    assert [*head, *cached.tail(len(args), {"BLOCK": 16})][-2:] == [16, "a"]
+    assert args[0] is x  # the call's own arguments are left as they are
     # a tensor off CUDA keys apart from a CUDA one (these are CPU: is_cuda False)
-    assert key[1] == (torch.float32, True, False)
+    assert key[3] == (torch.float32, True, False)

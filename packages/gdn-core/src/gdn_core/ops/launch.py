@@ -23,9 +23,9 @@ argument from what the call passes:
 * the current CUDA device.
 
 A call whose key has been seen runs the kernel Triton compiled for that key, so it
-launches exactly what ``kernel[grid]`` would have. An argument of any other kind,
-Triton's interpreter, or a launch hook installed by a profiler sends
-the call through ``kernel[grid]`` unchanged. ``GDN_CORE_FAST_LAUNCH=0`` (read at
+launches exactly what ``kernel[grid]`` would have. An argument of any other kind, a
+runtime argument passed by keyword, Triton's interpreter, or a launch hook installed by a
+profiler sends the call through ``kernel[grid]`` unchanged. ``GDN_CORE_FAST_LAUNCH=0`` (read at
 import) turns the cache off, for comparison.
 """
 
@@ -64,34 +64,17 @@ try:  # Gluon's host TMA descriptor (Triton 3.6): specialised on dtype, block an
 except Exception:  # noqa: BLE001 - no Gluon: such an argument never appears
     _GluonDescriptor = None
 
-_INT32 = (-(2**31), 2**31)
-_INT64 = (-(2**63), 2**63)
+_I32_LO, _I32_HI, _I64_LO, _I64_HI = -(2**31), 2**31, -(2**63), 2**63
 _UNSUPPORTED = object()
+_Tensor = torch.Tensor
+_Parameter = torch.nn.Parameter
 
 
-def _int_class(v: int) -> tuple[int, bool, bool]:
-    width = 32 if _INT32[0] <= v < _INT32[1] else 64 if _INT64[0] <= v < _INT64[1] else 65
-    return width, v == 1, v % 16 == 0
-
-
-def _runtime_class(v: Any) -> Any:
-    """What Triton's specialisation of a non-constexpr argument other than a tensor can
-    depend on."""
-    cls = v.__class__
-    if cls is bool:
-        return "u1"
-    if cls is int:
-        return _int_class(v)
-    if cls is float:
-        return "fp32"
-    if v is None:
-        return "none"
-    if cls is _GluonDescriptor and cls is not None:
-        # Triton's type names the block's dtype, shape and shared layout; the base address,
-        # shape and strides are filled in at each launch. The layout (unhashable) keys by
-        # identity, held by the key so that its id cannot be reused.
-        return "desc", v.base.dtype, tuple(v.block_shape), _Same(v.layout)
-    return _UNSUPPORTED
+def _int_class(v: int) -> int:
+    """What Triton specialises an int on, as one small int: equal to 1 (bit 0), a multiple
+    of 16 (bit 1), within int32 (bit 2), within int64 (bit 3; neither: unsigned 64)."""
+    return ((v == 1) | ((v & 15) == 0) << 1 | (_I32_LO <= v < _I32_HI) << 2
+            | (_I64_LO <= v < _I64_HI) << 3)
 
 
 class _Same:
@@ -113,7 +96,10 @@ class CachedLauncher:
     """``kernel[grid](...)`` with the compiled kernel remembered per specialisation.
 
     Use as the kernel itself: ``CachedLauncher(kernel)[grid](*args, **kwargs)``.
-    ``kernel`` stays the ``@triton.jit`` function (scans and compile reports use it)."""
+    ``kernel`` stays the ``@triton.jit`` function (scans and compile reports use it).
+    The fast path takes the runtime arguments positionally and constexprs and launch
+    options (``num_warps``...) by keyword, as this library's launchers call; a runtime
+    argument passed by keyword sends the call through ``kernel[grid]``."""
 
     def __init__(self, kernel: Any) -> None:
         self.kernel = kernel
@@ -121,77 +107,93 @@ class CachedLauncher:
                       and os.environ.get("TRITON_INTERPRET") != "1")
         params = getattr(kernel, "params", ())
         self._names = tuple(p.name for p in params)
-        self._name_set = frozenset(self._names)
         self._constexpr = tuple(p.is_constexpr for p in params)
+        self._runtime_names = frozenset(
+            p.name for p in params if not p.is_constexpr)
         self._defaults = tuple(p.default if p.has_default else _UNSUPPORTED for p in params)
-        self._cache: dict[tuple, Any] = {}
+        # key -> (compiled kernel, the values of the parameters after the positional ones)
+        self._cache: dict[tuple, tuple[Any, tuple]] = {}
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
         if not self._fast or callable(grid):
             return self.kernel[grid]
         return functools.partial(self._launch, grid)
 
-    def bind(self, args: tuple, kwargs: dict[str, Any]) -> list[Any] | None:
-        """Every parameter's value in signature order, defaults applied (``None``: an
-        argument missing, which Triton reports itself)."""
-        if len(args) > len(self._names):
-            return None
-        values = list(args)
-        for name, default in zip(self._names[len(args):], self._defaults[len(args):]):
+    def tail(self, n_args: int, kwargs: dict[str, Any]) -> tuple | None:
+        """The values of the parameters after the first ``n_args`` (given positionally),
+        from ``kwargs`` or their defaults, in signature order (``None``: one is missing,
+        which Triton reports itself)."""
+        values = []
+        for name, default in zip(self._names[n_args:], self._defaults[n_args:]):
             v = kwargs.get(name, default)
             if v is _UNSUPPORTED:
                 return None
             values.append(v)
-        return values
+        return tuple(values)
 
-    def specialisation_key(self, device: int, values: list[Any],
-                           kwargs: dict[str, Any]) -> tuple[tuple | None, list[Any]]:
-        """The cache key of a call with these bound ``values`` (:meth:`bind`) and launch
-        options among ``kwargs`` (``None``: an argument the fast path does not take), and
-        the values to launch with: each CUDA tensor replaced by its address (the compiled
-        launcher takes an int as the pointer itself, without the ``data_ptr()`` call and
-        the driver's pointer check it makes for a tensor; a tensor that is not on CUDA keys
-        apart, so that Triton's own path reports it)."""
-        key: list[Any] = [device]
-        launch_values = list(values)
-        for i, (v, const) in enumerate(zip(values, self._constexpr)):
+    def call_key(self, device: int, args: tuple,
+                 kwargs: dict[str, Any]) -> tuple[tuple | None, list[Any]]:
+        """The cache key of a call (``None``: the call takes Triton's path) and the values
+        to launch its positional arguments with: each tensor replaced by its address (the
+        compiled launcher then skips the ``data_ptr()`` call and the driver's pointer check
+        it makes for a tensor object; a tensor that is not on CUDA keys apart, so that
+        Triton's own path reports it).
+
+        The key holds the device, the number of positional arguments, the keyword
+        arguments as given (constexprs and launch options: their values), each positional
+        constexpr's value and each positional runtime argument's class (:mod:`the module
+        docstring <gdn_core.ops.launch>`)."""
+        if len(args) > len(self._names) or not self._runtime_names.isdisjoint(kwargs):
+            return None, list(args)
+        key: list[Any] = [device, len(args), tuple(kwargs.items())]
+        head = list(args)
+        for i, (v, const) in enumerate(zip(args, self._constexpr)):
+            cls = v.__class__
             if const:
                 key.append(v)
-            elif isinstance(v, torch.Tensor):
+            elif cls is _Tensor or cls is _Parameter or isinstance(v, _Tensor):
                 ptr = v.data_ptr()
-                key.append((v.dtype, ptr % 16 == 0, v.is_cuda))
-                launch_values[i] = ptr
+                key.append((v.dtype, (ptr & 15) == 0, v.is_cuda))
+                head[i] = ptr
+            elif cls is int:
+                key.append(_int_class(v))
+            elif cls is float:
+                key.append("fp32")
+            elif cls is bool:
+                key.append("u1")
+            elif v is None:
+                key.append("none")
+            elif cls is _GluonDescriptor and cls is not None:
+                # Triton's type names the block's dtype, shape and shared layout; the base
+                # address, shape and strides are filled in at each launch. The layout
+                # (unhashable) keys by identity, held by the key so its id is not reused.
+                key.append(("desc", v.base.dtype, tuple(v.block_shape), _Same(v.layout)))
             else:
-                c = _runtime_class(v)
-                if c is _UNSUPPORTED:
-                    return None, values
-                key.append(c)
-        for name in sorted(kwargs.keys() - self._name_set):  # num_warps, num_stages, ...
-            key.append((name, kwargs[name]))
-        return tuple(key), launch_values
+                return None, head
+        return tuple(key), head
 
     def _launch(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
         if _HOOKS[0].calls or _HOOKS[1].calls:  # a profiler is listening: Triton's path
             return self.kernel[grid](*args, **kwargs)
         device = torch.cuda.current_device()
-        values = self.bind(args, kwargs)
-        key, launch_values = (None, values) if values is None else \
-            self.specialisation_key(device, values, kwargs)
+        key, head = self.call_key(device, args, kwargs)
         try:
-            compiled = None if key is None else self._cache.get(key)
+            entry = None if key is None else self._cache.get(key)
         except TypeError:  # an unhashable constexpr or option
-            key = compiled = None
-        if compiled is None:
+            key = entry = None
+        if entry is None:
             compiled = self.kernel[grid](*args, **kwargs)
-            if key is not None and getattr(compiled, "function", None) is not None:
+            tail = None if key is None else self.tail(len(args), kwargs)
+            if tail is not None and getattr(compiled, "function", None) is not None:
                 if len(self._cache) >= _MAX_ENTRIES:
                     self._cache.clear()
-                self._cache[key] = compiled
+                self._cache[key] = (compiled, tail)
             return compiled
+        compiled, tail = entry
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         compiled.run(grid[0], g1, g2, _raw_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *launch_values)
+                     compiled.packed_metadata, None, None, None, *head, *tail)
         return compiled
 
 
