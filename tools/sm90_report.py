@@ -142,6 +142,8 @@ def report_gluon(fn, args: dict, constexprs: dict, num_warps: int = 4, **options
     from triton.experimental.gluon._runtime import GluonASTSource
     from triton.runtime.jit import native_specialize_impl
 
+    constexprs = {**{p.name: p.default for p in fn.params if p.is_constexpr and p.has_default},
+                  **constexprs}  # a constexpr left out takes its default, as at a launch
     attrs, signature = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -201,7 +203,7 @@ def gluon_grads_args(H: int, HV: int) -> dict:
     return dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
                 beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
                 dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
-                chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV)
+                chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV, dq_acc=out, dk_acc=out)
 
 
 def setmaxnreg(ptx: str) -> list[tuple[str, str]]:
@@ -215,6 +217,7 @@ def gluon_grads_reports() -> None:
     builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded
     into bf16) and H = 8, HV = 16 (group 2, fp32 partials); 8 warps (the launcher's: two
     warpgroups splitting the columns) and 4 (one warpgroup, for comparison)."""
+    import torch
     from gdn_core.ops.gluon import chunk_grads as gc
 
     for H, HV in ((16, 16), (8, 16)):
@@ -223,6 +226,16 @@ def gluon_grads_reports() -> None:
             print(f"H={H} HV={HV} dq/dk {args['dq'].dtype}")
             report_gluon(gc._chunk_grads_bwd_gluon_kernel, args,
                          dict(GROUP=HV // H, K=128, V=128, BT=64), num_warps=warps)
+    for H, HV in ((8, 16), (4, 16)):  # the group summed in the CTA: dq/dk [T, H, K] bf16
+        args = gluon_grads_args(H, HV)
+        T = args["dv"].shape[0]
+        out = torch.zeros(T, H, 128, dtype=torch.bfloat16)
+        acc = torch.zeros(T, H, 128)
+        print(f"H={H} HV={HV} group summed in the CTA, dq/dk {out.dtype}")
+        report_gluon(gc._chunk_grads_bwd_gluon_kernel,
+                     dict(args, dq=out, dk=out, dq_acc=acc, dk_acc=acc),
+                     dict(GROUP=HV // H, K=128, V=128, BT=64, SUM_GROUP=True),
+                     num_warps=gc.GLUON_CHUNK_GRADS_WARPS)
 
 
 def gluon_grads2_reports() -> None:
@@ -241,7 +254,8 @@ def gluon_grads2_reports() -> None:
         print(f"H={H} HV={HV} dq/dk {args['dq'].dtype}")
         report_gluon(gc._chunk_grads_bwd_gluon_kernel, args, meta,
                      num_warps=gc.GLUON_CHUNK_GRADS_WARPS)
-        report_gluon(gp._chunk_grads_bwd_gluon_pipelined_kernel, dict(args, n_tiles=NT * HV),
+        piped = {k: v for k, v in args.items() if k not in ("dq_acc", "dk_acc")}
+        report_gluon(gp._chunk_grads_bwd_gluon_pipelined_kernel, dict(piped, n_tiles=NT * HV),
                      meta, num_warps=gp.GLUON_CHUNK_GRADS_PIPELINED_WARPS)
 
 

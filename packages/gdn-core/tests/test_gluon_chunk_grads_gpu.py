@@ -181,3 +181,87 @@ def test_gluon_chunk_grads_documents_are_independent(dtype):
         for name, a, b in zip(NAMES, out, full):
             assert torch.equal(a[:offs[d]], b[:offs[d]]), f"{name}: NaN in document {d} leaked"
             assert torch.equal(a[offs[d + 1]:], b[offs[d + 1]:]), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("H,group", [(2, 2), (1, 4), (4, 2)], ids=["h2g2", "h1g4", "h4g2"])
+@pytest.mark.parametrize("lengths", [LENGTHS, LONG[1]], ids=["short", "32k-8docs"])
+def test_group_summed_in_the_kernel_keeps_group_reduce_bits(lengths, H, group, dtype):
+    """``chunk_grads_bwd_gluon_summed`` (one CTA a (chunk, q/k head), the group's value
+    heads in turn) gives ``group_reduce`` of the per-value-head fp32 partials bit for bit,
+    into 16-bit outputs and into fp32 ones (their own running sums), with given running-sum
+    buffers too; ``dv``, ``dβ``, ``dg`` are the per-head launch's bits; repeatable; a
+    running-sum buffer of another dtype is refused."""
+    from gdn_core.ops.gluon.chunk_grads import (
+        chunk_grads_bwd_gluon,
+        chunk_grads_bwd_gluon_summed,
+    )
+    from gdn_core.ops.group_reduce import group_reduce
+
+    p = _problem(lengths, H, group, dtype, seed=5)
+    args = p["args"]
+    T = args[0].shape[0]
+    parts = chunk_grads_bwd_gluon(*args)
+    got = chunk_grads_bwd_gluon_summed(*args)
+    assert got[0].shape == (T, H, D) and got[0].dtype == dtype
+    for name, a, part in zip(("dq", "dk"), got[:2], parts[:2]):
+        assert torch.equal(a, group_reduce(part, group, dtype)), name
+    for name, a, b in zip(NAMES[2:], got[2:], parts[2:]):
+        assert torch.equal(a, b), name
+
+    def f32():
+        return torch.empty(T, H, D, device="cuda")
+
+    wide = chunk_grads_bwd_gluon_summed(*args, dq=f32(), dk=f32())
+    for name, a, part in zip(("dq", "dk"), wide[:2], parts[:2]):
+        assert torch.equal(a, group_reduce(part, group, torch.float32)), f"{name} fp32"
+    again = chunk_grads_bwd_gluon_summed(*args, dq_acc=f32(), dk_acc=f32())
+    for name, a, b in zip(NAMES, again, got):
+        assert torch.equal(a, b), f"{name}: two calls differ"
+    with pytest.raises(ValueError, match="dq_acc"):
+        chunk_grads_bwd_gluon_summed(*args, dq_acc=torch.empty(T, H, D, dtype=dtype,
+                                                               device="cuda"))
+
+
+@pytest.mark.parametrize("l2norm", [False, True], ids=["plain", "l2norm"])
+def test_det_backward_with_grouped_heads_keeps_its_bits(monkeypatch, l2norm):
+    """A deterministic forward+backward at K = V = 128, bf16, two value heads per q/k head,
+    packed and segmented: the group summed in the chunk-gradient kernel gives the bits of
+    the per-value-head partials + ``group_reduce`` path (forced by hiding the kernel's kind
+    from the backward), with and without a workspace; with the L2 norm the backward takes
+    fp32 ``dq``/``dk`` (the kernel's outputs are their own running sums)."""
+    from gdn_core import testkit
+    from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
+    from gdn_core.ops import backward
+    from gdn_core.ops.gluon import available
+
+    if not available():
+        pytest.skip("Gluon on an sm_90 GPU is not available here")
+    ins, cu, cot = testkit.make_inputs(lengths=[5, 64, 70, 200, 700], H=2, HV=4, K=D, V=D,
+                                       dtype=torch.bfloat16, device="cuda")
+
+    def run(workspace=False):
+        o, ht, saved = chunk_gdn_fwd(
+            ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"],
+            initial_state=ins["initial_state"], output_final_state=True, cu_seqlens=cu,
+            use_qk_l2norm_in_kernel=l2norm, deterministic=True, segment_size=128)
+        ws = None
+        if workspace:
+            T = ins["q"].shape[1]
+            ws = backward.BackwardWorkspace.for_shapes(
+                T=T, H=2, HV=4, K=D, V=D, num_chunks=T // 64 + 8, num_docs=32,
+                dtype=torch.bfloat16, device="cuda", deterministic=True)
+        gr = chunk_gdn_bwd(saved, cot["do"], cot["dht"], deterministic=True, workspace=ws)
+        return {"o": o, "ht": ht, **vars(gr)}
+
+    summed = run()
+    with_ws = run(workspace=True)
+    kind = backward.grads_kernel
+    monkeypatch.setattr(backward, "grads_kernel",
+                        lambda g: "per-head" if kind(g) == "gluon" else kind(g))
+    per_head = run()
+    for name, a in summed.items():
+        if a is None:
+            continue
+        assert torch.equal(a, per_head[name]), f"{name}: summed vs per-head partials"
+        assert torch.equal(a, with_ws[name]), f"{name}: with a workspace"

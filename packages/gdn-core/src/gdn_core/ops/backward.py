@@ -510,9 +510,21 @@ def backward_from_recompute(
         workspace=workspace is not None, out=out is not None,
         setting=switch_setting(BWD_ALIAS_ENV),
     )
+    # grouped value heads: the one-tile Gluon kernel sums dq/dk over each group in its CTA
+    # (group_reduce's bits, no [T, HV, K] fp32 partials, no reduction launches)
+    sum_group = group > 1 and out is None and grads_kernel(grads) == "gluon"
+    res = {} if out is None else dict(dv=out[2], dg=out[3], dbeta=out[4])
     # Outputs are allocated as late as possible, each once the tensors spent
     # before it are free (so the backward's peak holds only one of W | h, v_new).
-    if direct and out is not None:
+    if sum_group:
+        from gdn_core.ops.gluon.chunk_grads import chunk_grads_bwd_gluon_summed as grads
+
+        dq_out, dk_out = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
+                          for x in (q, k))
+        if workspace is not None:  # the running sums in the partials' leading [T, H, K]
+            res["dq_acc"], res["dk_acc"] = (ws[name].view(-1)[:T * H * K].view(T, H, K)
+                                            for name in ("dq_part", "dk_part"))
+    elif direct and out is not None:
         dq_out, dk_out = out[0], out[1]
     elif direct:
         dq_out = rec.v_new if dq_over_vn else torch.empty(
@@ -520,7 +532,6 @@ def backward_from_recompute(
         dk_out = torch.empty(T, H, K, dtype=dqk_dtype or k.dtype, device=k.device)
     else:
         dq_out, dk_out = ws["dq_part"], ws["dk_part"]
-    res = {} if out is None else dict(dv=out[2], dg=out[3], dbeta=out[4])
     if dv_over_du:
         res["dv"] = dvp  # each CTA stores its dv rows after its dV' tile has landed
     dq_part, dk_part, dv, dbeta, dg = grads(
@@ -529,7 +540,7 @@ def backward_from_recompute(
     )
     del dvp, dv_local
     rec.h = rec.v_new = None
-    if group == 1:  # the partials are the sums already (rounded into outputs if direct)
+    if group == 1 or sum_group:  # the sums already (rounded into outputs if not fp32)
         return dq_part, dk_part, dv, dg, dbeta, dh0
     dq = group_reduce(dq_part, group, dqk_dtype or q.dtype)
     dk = group_reduce(dk_part, group, dqk_dtype or k.dtype)

@@ -1,9 +1,21 @@
 """Backward stage (c), every chunk-local gradient, as ONE Gluon kernel for Hopper (sm_90a).
 
-Opt-in, K = V = 128, chunks of 64, 16-bit inputs. Same math, arguments and results as
+The default stage ``grads`` (since session 14) for K = V = 128, chunks of 64, 16-bit
+inputs on sm_90. Same math, arguments and results as
 :func:`gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd` (its module docstring has the
 formulas of dQ, dK, dv, dβ and of dg in the crossing-sum form); the Triton pair
-(``_dq_dv_kernel`` + ``_dk_kernel``) stays the default and serves every other shape.
+(``_dq_dv_kernel`` + ``_dk_kernel``) serves every other shape.
+
+**Grouped value heads** (``group > 1``, :func:`chunk_grads_bwd_gluon_summed`: the
+backward's default since session 19): one CTA per (chunk, q/k head) runs the group's
+value heads one after the other (:func:`_head_grads` per head; Q and K loaded once, the
+other tiles refilled after a CTA barrier) and sums ``dq``/``dk`` over them in fp32 in the
+order ``hv = h·group + 0, 1, …`` through an fp32 ``[T, H, K]`` running sum that the same
+threads store and read back (L2-resident), rounding the last head's sum into the output:
+the additions and rounding of :func:`gdn_core.ops.group_reduce.group_reduce`, so the same
+bits, without the ``[T, HV, K]`` fp32 partials or the two reduction launches. Compiled
+for sm_90a (Triton 3.6, bf16): 232 registers, no spills, 221,224 B at group 2; 255
+registers and 48 B of spills at group 4.
 
 The whole stage in one launch: one CTA per (chunk, value head), 8 warps (two
 warpgroups), every product a ``warpgroup_mma`` with both operands in shared memory and
@@ -133,7 +145,13 @@ from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
-__all__ = ["GLUON_CHUNK_GRADS_WARPS", "chunk_grads_bwd_gluon", "gluon_chunk_grads_supported"]
+try:
+    from triton.language import range as _loop  # tl.range: for its disable_licm
+except ImportError:  # pragma: no cover - every Triton with Gluon has it
+    _loop = range
+
+__all__ = ["GLUON_CHUNK_GRADS_WARPS", "chunk_grads_bwd_gluon", "chunk_grads_bwd_gluon_summed",
+           "gluon_chunk_grads_supported"]
 
 
 #: Warps of the kernel: two warpgroups, each owning half the columns of every product.
@@ -195,6 +213,39 @@ def _store_rows(ptr, x, n, row_stride, R: gl.constexpr, C: gl.constexpr, layout:
     offs = r[:, None] * row_stride + c[None, :]
     mask = (r[:, None] < n) & (c[None, :] < C)
     gl.store(ptr + offs, x.to(ptr.dtype.element_ty), mask=mask)
+
+
+@gluon.jit
+def _load_rows(ptr, n, row_stride, R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):
+    """The fp32 ``[R, C]`` rows ``< n`` at ``ptr + r·row_stride + c`` in ``layout`` (rows
+    ``>= n`` read 0): what :func:`_store_rows` stored there, read back by the same threads."""
+    r = gl.arange(0, R, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, C, layout=gl.SliceLayout(0, layout))
+    offs = r[:, None] * row_stride + c[None, :]
+    mask = (r[:, None] < n) & (c[None, :] < C)
+    return gl.load(ptr + offs, mask=mask, other=0.0)
+
+
+@gluon.jit
+def _store_head_sum(out, acc_buf, x, j, p_o, n, row_stride, NHV: gl.constexpr,
+                    R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):
+    """Store value head ``j``'s fp32 ``x`` (rows ``< n``, row 0 at element ``p_o``). One head
+    a CTA (``NHV == 1``): into ``out``. A q/k head's ``NHV`` value heads in one CTA: the
+    running fp32 sum ``((0 + x_0) + x_1) + …`` goes through ``acc_buf`` (fp32, ``out``'s
+    layout; may be ``out`` itself) and the last head's sum is rounded into ``out`` — the
+    additions and the rounding of :func:`gdn_core.ops.group_reduce.group_reduce` over the
+    per-value-head partials, in its order."""
+    if NHV == 1:
+        _store_rows(out + p_o, x, n, row_stride, R, C, layout)
+    else:
+        if j == 0:
+            x = x + 0.0  # group_reduce's 0 + x_0 (a −0.0 partial becomes +0.0 there too)
+        else:
+            x = _load_rows(acc_buf + p_o, n, row_stride, R, C, layout) + x
+        if j == NHV - 1:
+            _store_rows(out + p_o, x, n, row_stride, R, C, layout)
+        else:
+            _store_rows(acc_buf + p_o, x, n, row_stride, R, C, layout)
 
 
 @gluon.jit
@@ -262,11 +313,13 @@ def _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT: gl.co
 
 
 @gluon.jit
-def _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, p_s, gam_r128, n, scale,
-                HV, BT: gl.constexpr, K: gl.constexpr, L128: gl.constexpr):
+def _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq_acc, j, p_o, o_stride,
+                gam_r128, n, scale, NHV: gl.constexpr, BT: gl.constexpr, K: gl.constexpr,
+                L128: gl.constexpr):
     """Phase B up to ``dQ``: ``dQ_state = Γ scale dO Sᵀ`` (``q·dQ_state`` returned), ``dQ =
-    dQ_state + ds K`` stored, ``dW = −dU Sᵀ`` rounded into V's spent tile (returned as
-    ``dw_s``), ``X1`` waited; ends with a CTA barrier (every warp's stores done)."""
+    dQ_state + ds K`` stored (:func:`_store_head_sum`: value head ``j`` of ``NHV``, row 0 at
+    ``p_o``), ``dW = −dU Sᵀ`` rounded into V's spent tile (returned as ``dw_s``), ``X1``
+    waited; ends with a CTA barrier (every warp's stores done)."""
     dqs = warpgroup_mma(do_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
     dwn = warpgroup_mma(du_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
     x1 = warpgroup_mma_wait(2, deps=[x1, du_s, v_s])[0]
@@ -280,7 +333,7 @@ def _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, p_s, gam_r12
     dw_s = v_s  # V is spent: its tile carries dW (16-bit, as the Triton kernels round it)
     dw_s.store((-dwn).to(dw_s.dtype))
     dqa = warpgroup_mma_wait(0, deps=[dqa, ds_s, k_s])[0]
-    _store_rows(dq + p_s * K, dqa, n, HV * K, BT, K, L128)
+    _store_head_sum(dq, dq_acc, dqa, j, p_o, n, o_stride, NHV, BT, K, L128)
     fence_async_shared()
     gl.thread_barrier()
     return x1, dgq, dw_s
@@ -384,16 +437,118 @@ def _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, 
 
 
 @gluon.jit
+def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
+                G, beta, dq, dk, dv, dbeta, dg, dq_acc, dk_acc,
+                q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dh_s, a_s, ds_s, dt_s, e_s, eb_s, bars,
+                i_c, i_h, i_hv, j, ph, bos, n, scale, HV, p_o, o_stride,
+                NHV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                L64: gl.constexpr, L128: gl.constexpr, IO: gl.constexpr,
+                SCAN: gl.constexpr):
+    """Every gradient of one (chunk, value head) tile: its loads (``bars[0..3]`` waited with
+    parity ``ph``; with ``NHV > 1`` Q and K are the CTA's already, on ``bars[4]``), phases
+    A-D, and its stores (``dq``/``dk`` through :func:`_store_head_sum`: with ``NHV == 1``
+    at the tile's rows of ``[T, HV, K]``, else row 0 at ``p_o``, rows ``o_stride`` apart)."""
+    R64: gl.constexpr = gl.SliceLayout(1, L64)
+    C64: gl.constexpr = gl.SliceLayout(0, L64)
+    R128: gl.constexpr = gl.SliceLayout(1, L128)
+
+    # --- TMA: dO, V', (Q, K) | dU, A_inv, V | h | dS, in the order of use
+    tv = i_hv * V
+    if NHV == 1:
+        tk = i_h * K
+        mbarrier.expect(bars.index(0), 4 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [bos, tv], bars.index(0), do_s)
+        tma.async_copy_global_to_shared(vn_desc, [bos, tv], bars.index(0), vn_s)
+        tma.async_copy_global_to_shared(q_desc, [bos, tk], bars.index(0), q_s)
+        tma.async_copy_global_to_shared(k_desc, [bos, tk], bars.index(0), k_s)
+    else:
+        if j > 0:  # every warp is done with the previous head's tiles before TMA refills them
+            fence_async_shared()
+            gl.thread_barrier()
+        mbarrier.expect(bars.index(0), 2 * do_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [bos, tv], bars.index(0), do_s)
+        tma.async_copy_global_to_shared(vn_desc, [bos, tv], bars.index(0), vn_s)
+    mbarrier.expect(bars.index(1), 2 * du_desc.block_type.nbytes + a_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(du_desc, [bos, tv], bars.index(1), du_s)
+    tma.async_copy_global_to_shared(a_desc, [bos, i_hv * BT], bars.index(1), a_s)
+    tma.async_copy_global_to_shared(v_desc, [bos, tv], bars.index(1), v_s)
+    st = (i_c * HV + i_hv) * K
+    mbarrier.expect(bars.index(2), h_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(h_desc, [st, 0], bars.index(2), h_s)
+    mbarrier.expect(bars.index(3), dh_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(dh_desc, [st, 0], bars.index(3), dh_s)
+
+    # --- G, β, Γ of the chunk (masked: rows >= n read 0) while the copies fly
+    rows = gl.arange(0, BT, layout=R64)
+    cols = gl.arange(0, BT, layout=C64)
+    p_s = bos.to(gl.int64) * HV + i_hv
+    if NHV == 1:  # dq/dk: [T, HV, K]
+        p_o = p_s * K
+        o_stride = HV * K
+    g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
+        G, beta, p_s, n, HV, rows, cols, R128)
+
+    # --- a short chunk: rows >= n of every token tile (and T's columns >= n) to zero
+    # before any product can bring 0·NaN of the next document into a valid row
+    if n < BT:
+        if NHV > 1:
+            mbarrier.wait(bars.index(4), 0)
+        mbarrier.wait(bars.index(0), ph)
+        mbarrier.wait(bars.index(1), ph)
+        _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT, K, V, IO, SCAN)
+
+    z64 = gl.zeros([BT, BT], gl.float32, L64)
+    z128 = gl.zeros([BT, V], gl.float32, L128)
+
+    # ---- A: dP = dO V'ᵀ and Q Kᵀ; ds = dP ⊙ D · scale; Mo's crossing sums
+    if NHV > 1:
+        mbarrier.wait(bars.index(4), 0)
+    mbarrier.wait(bars.index(0), ph)
+    dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
+                           BT, SCAN, R64)
+    mbarrier.wait(bars.index(1), ph)
+    x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V, L128)
+
+    # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
+    mbarrier.wait(bars.index(2), ph)
+    x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq_acc, j,
+                                p_o, o_stride, gam_r128, n, scale, NHV, BT, K, L128)
+    d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
+
+    # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
+    cs_w = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
+                    SCAN, R64)
+
+    # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
+    #         C = Γ ⊙ (Tᵀ dW) + E' K
+    acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
+    mbarrier.wait(bars.index(3), ph)
+    acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
+    acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128)
+    acc, db_c, kds = _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128)
+    _store_head_sum(dk, dk_acc, acc, j, p_o, n, o_stride, NHV, BT, K, L128)
+    return rows, cols, p_s, cs_w, cs_o, g_last, sds, kds, wr, dgq, db_c, db_v, b_r
+
+
+@gluon.jit
 def _chunk_grads_bwd_gluon_kernel(
     q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
     G, beta, dq, dk, dv, dbeta, dg,
-    chunk_start, chunk_len, scale, HV,
+    chunk_start, chunk_len, scale, HV, dq_acc, dk_acc,
     GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+    SUM_GROUP: gl.constexpr = False,
 ):
     gl.static_assert(K == V)
     i_c = gl.program_id(0)
-    i_hv = gl.program_id(1)
-    i_h = i_hv // GROUP
+    if SUM_GROUP:  # one CTA a (chunk, q/k head): its GROUP value heads in turn
+        i_h = gl.program_id(1)
+        hv0 = i_h * GROUP
+    else:  # one CTA a (chunk, value head)
+        hv0 = gl.program_id(1)
+        i_h = hv0 // GROUP
+    NHV: gl.constexpr = GROUP if SUM_GROUP else 1
     bos = gl.load(chunk_start + i_c)
     n = gl.load(chunk_len + i_c)
     dtype: gl.constexpr = q_desc.dtype
@@ -405,8 +560,6 @@ def _chunk_grads_bwd_gluon_kernel(
     L128: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, V // WG, 16])
     R64: gl.constexpr = gl.SliceLayout(1, L64)
-    C64: gl.constexpr = gl.SliceLayout(0, L64)
-    R128: gl.constexpr = gl.SliceLayout(1, L128)
     IO: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4 * WG, 1],
         order=[1, 0])
@@ -429,80 +582,45 @@ def _chunk_grads_bwd_gluon_kernel(
     dt_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # dT, then dT Tᵀ
     e_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # E'
     eb_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # diag(β) E'
-    bars = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(4):
+    NBAR: gl.constexpr = 4 if NHV == 1 else 5  # bars[4]: the group's Q and K, loaded once
+    bars = gl.allocate_shared_memory(gl.int64, [NBAR, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NBAR):
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
 
-    # --- TMA: dO, V', Q, K | dU, A_inv, V | h | dS, in the order of use
-    tv = i_hv * V
-    tk = i_h * K
-    mbarrier.expect(bars.index(0), 4 * q_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(do_desc, [bos, tv], bars.index(0), do_s)
-    tma.async_copy_global_to_shared(vn_desc, [bos, tv], bars.index(0), vn_s)
-    tma.async_copy_global_to_shared(q_desc, [bos, tk], bars.index(0), q_s)
-    tma.async_copy_global_to_shared(k_desc, [bos, tk], bars.index(0), k_s)
-    mbarrier.expect(bars.index(1), 2 * du_desc.block_type.nbytes + a_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(du_desc, [bos, tv], bars.index(1), du_s)
-    tma.async_copy_global_to_shared(a_desc, [bos, i_hv * BT], bars.index(1), a_s)
-    tma.async_copy_global_to_shared(v_desc, [bos, tv], bars.index(1), v_s)
-    st = (i_c * HV + i_hv) * K
-    mbarrier.expect(bars.index(2), h_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(h_desc, [st, 0], bars.index(2), h_s)
-    mbarrier.expect(bars.index(3), dh_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(dh_desc, [st, 0], bars.index(3), dh_s)
-
-    # --- G, β, Γ of the chunk (masked: rows >= n read 0) while the copies fly
-    rows = gl.arange(0, BT, layout=R64)
-    cols = gl.arange(0, BT, layout=C64)
-    p_s = bos.to(gl.int64) * HV + i_hv
-    g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
-        G, beta, p_s, n, HV, rows, cols, R128)
-
-    # --- a short chunk: rows >= n of every token tile (and T's columns >= n) to zero
-    # before any product can bring 0·NaN of the next document into a valid row
-    if n < BT:
-        mbarrier.wait(bars.index(0), 0)
-        mbarrier.wait(bars.index(1), 0)
-        _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT, K, V, IO, SCAN)
-
-    z64 = gl.zeros([BT, BT], gl.float32, L64)
-    z128 = gl.zeros([BT, V], gl.float32, L128)
-
-    # ---- A: dP = dO V'ᵀ and Q Kᵀ; ds = dP ⊙ D · scale; Mo's crossing sums
-    mbarrier.wait(bars.index(0), 0)
-    dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
-                           BT, SCAN, R64)
-    mbarrier.wait(bars.index(1), 0)
-    x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V, L128)
-
-    # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
-    mbarrier.wait(bars.index(2), 0)
-    x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, p_s,
-                                gam_r128, n, scale, HV, BT, K, L128)
-    d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
-
-    # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
-    cs_w = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
-                    SCAN, R64)
-
-    # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
-    #         C = Γ ⊙ (Tᵀ dW) + E' K
-    acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
-    mbarrier.wait(bars.index(3), 0)
-    acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
-    acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128)
-    acc, db_c, kds = _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128)
-    _store_rows(dk + p_s * K, acc, n, HV * K, BT, K, L128)
-
-    for i in gl.static_range(4):
-        mbarrier.invalidate(bars.index(i))
-
-    # ---- dg, dβ (the Triton kernels' order of terms)
-    _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr, dgq,
-                    db_c, db_v, b_r, R64)
+    if NHV == 1:
+        rows, cols, p_s, cs_w, cs_o, g_last, sds, kds, wr, dgq, db_c, db_v, b_r = _head_grads(
+            q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
+            G, beta, dq, dk, dv, dbeta, dg, dq_acc, dk_acc,
+            q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dh_s, a_s, ds_s, dt_s, e_s, eb_s, bars,
+            i_c, i_h, hv0, 0, 0, bos, n, scale, HV, 0, 0, NHV, K, V, BT,
+            L64, L128, IO, SCAN)
+        for i in gl.static_range(NBAR):
+            mbarrier.invalidate(bars.index(i))
+        # ---- dg, dβ (the Triton kernels' order of terms)
+        _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr,
+                        dgq, db_c, db_v, b_r, R64)
+    else:
+        tk = i_h * K
+        mbarrier.expect(bars.index(4), 2 * q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bos, tk], bars.index(4), q_s)
+        tma.async_copy_global_to_shared(k_desc, [bos, tk], bars.index(4), k_s)
+        H = HV // GROUP
+        p_o = (bos.to(gl.int64) * H + i_h) * K  # dq/dk and their running sums: [T, H, K]
+        # disable_licm: hoisting the body's thread-invariant shared-memory offsets out of
+        # the loop would keep them live through it (the persistent kernel's reason too)
+        for j in _loop(0, NHV, disable_licm=True):
+            rows, cols, p_s, cs_w, cs_o, g_last, sds, kds, wr, dgq, db_c, db_v, b_r = \
+                _head_grads(
+                    q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc,
+                    a_desc, G, beta, dq, dk, dv, dbeta, dg, dq_acc, dk_acc,
+                    q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dh_s, a_s, ds_s, dt_s, e_s, eb_s,
+                    bars, i_c, i_h, hv0 + j, j, j & 1, bos, n, scale, HV, p_o, H * K, NHV, K,
+                    V, BT, L64, L128, IO, SCAN)
+            _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds,
+                            wr, dgq, db_c, db_v, b_r, R64)
+        for i in gl.static_range(NBAR):
+            mbarrier.invalidate(bars.index(i))
 
 
 _CHUNK_GRADS_BWD_GLUON_KERNEL = cached_launch(_chunk_grads_bwd_gluon_kernel)
@@ -541,11 +659,14 @@ def _descriptors(q, k, v, v_new, h, dh, do, du, A_inv) -> dict:
 
 
 def prepare_launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, index: ChunkIndex,
-                   group: int, g_dtype: torch.dtype, dq, dk, dv, dbeta, dg):
+                   group: int, g_dtype: torch.dtype, dq, dk, dv, dbeta, dg,
+                   sum_group: bool = False):
     """The checks and buffers of a chunk-gradient launch (:func:`chunk_grads_bwd_gluon`'s
     arguments; shared with the persistent kernel's launcher): ``((dq, dk, dv, dbeta,
     dg), (descriptors, G fp32, beta))``, the second ``None`` when there is nothing to
-    launch. Raises what :func:`chunk_grads_bwd_gluon` documents."""
+    launch. ``sum_group``: ``dq``/``dk`` are ``[T, H, K]`` (allocated in q's dtype where
+    ``None``), else ``[T, HV, K]`` (fp32 where ``None``). Raises what
+    :func:`chunk_grads_bwd_gluon` documents."""
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
     NT = index.num_chunks
@@ -577,11 +698,12 @@ def prepare_launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, index: ChunkIn
     if max(T, NT * HV * K) >= 2**31 or NT * HV >= 2**31:
         raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
     bufs = []
+    shape, default = ((T, H, K), q.dtype) if sum_group else ((T, HV, K), torch.float32)
     for name, buf in (("dq", dq), ("dk", dk)):
         if buf is None:
-            buf = torch.empty(T, HV, K, dtype=torch.float32, device=q.device)
-        elif tuple(buf.shape) != (T, HV, K) or not buf.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {(T, HV, K)} tensor, got "
+            buf = torch.empty(shape, dtype=default, device=q.device)
+        elif tuple(buf.shape) != shape or not buf.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {shape} tensor, got "
                              f"{tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
         bufs.append(buf)
     _require_gluon_sm90(q.device)
@@ -617,7 +739,7 @@ def chunk_grads_bwd_gluon(
     dbeta: torch.Tensor | None = None,
     dg: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Every chunk-local gradient after the state backward, in one Gluon launch (opt-in).
+    """Every chunk-local gradient after the state backward, in one Gluon launch.
 
     The contract of :func:`gdn_core.ops.chunk_grads_bwd.chunk_grads_bwd`: ``q, k:
     [T,H,128]``; ``v, v_new, do, du (= dV'): [T,HV,128]``; ``h, dh: [NT,HV,128,128]``;
@@ -636,13 +758,80 @@ def chunk_grads_bwd_gluon(
             not contiguous, or more rows than TMA's int32 coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
+    return _launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, scale, index, group,
+                   g_dtype, dq, dk, dv, dbeta, dg, None, None, sum_group=False)
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_grads_bwd_gluon_kernel,))
+def chunk_grads_bwd_gluon_summed(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_new: torch.Tensor,
+    h: torch.Tensor,
+    dh: torch.Tensor,
+    do: torch.Tensor,
+    du: torch.Tensor,
+    G: torch.Tensor,
+    beta: torch.Tensor,
+    A_inv: torch.Tensor,
+    scale: float,
+    index: ChunkIndex,
+    group: int,
+    g_dtype: torch.dtype,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
+    dbeta: torch.Tensor | None = None,
+    dg: torch.Tensor | None = None,
+    dq_acc: torch.Tensor | None = None,
+    dk_acc: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`chunk_grads_bwd_gluon` with ``dq``/``dk`` summed over each q/k head's group
+    of value heads in the kernel: one CTA per (chunk, q/k head) runs the group's value
+    heads in turn (Q and K loaded once). ``dq``/``dk``: ``[T, H, 128]`` result buffers
+    (allocated in q's dtype where ``None``), the bits of
+    :func:`gdn_core.ops.group_reduce.group_reduce` over :func:`chunk_grads_bwd_gluon`'s
+    per-value-head fp32 partials, without those partials (``[T, HV, 128]`` fp32 each) or
+    the two reduction launches. The running fp32 sums go through ``dq_acc``/``dk_acc``
+    (``[T, H, 128]`` fp32, contiguous; allocated where ``None``; fp32 ``dq``/``dk`` serve
+    as their own). ``group == 1`` is :func:`chunk_grads_bwd_gluon`'s launch.
+
+    Returns and raises what :func:`chunk_grads_bwd_gluon` does (``ValueError`` also for a
+    ``dq_acc``/``dk_acc`` of another shape or dtype, or not contiguous).
+    """
+    return _launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, scale, index, group,
+                   g_dtype, dq, dk, dv, dbeta, dg, dq_acc, dk_acc, sum_group=group > 1)
+
+
+def _launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, scale, index, group, g_dtype,
+            dq, dk, dv, dbeta, dg, dq_acc, dk_acc, *, sum_group: bool):
     outs, ready = prepare_launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, index, group,
-                                 g_dtype, dq, dk, dv, dbeta, dg)
+                                 g_dtype, dq, dk, dv, dbeta, dg, sum_group)
+    accs = _running_sums(outs[:2], (dq_acc, dk_acc)) if sum_group else outs[:2]
     if ready is not None:
         descs, G, beta = ready
         HV = v.shape[1]
-        _CHUNK_GRADS_BWD_GLUON_KERNEL[(index.num_chunks, HV)](
-            *descs.values(), G, beta, *outs, index.chunk_start, index.chunk_len, float(scale),
-            HV, GROUP=group, K=_K, V=_V, BT=_BT, num_warps=GLUON_CHUNK_GRADS_WARPS,
+        _CHUNK_GRADS_BWD_GLUON_KERNEL[(index.num_chunks, HV // group if sum_group else HV)](
+            *descs.values(), G, beta, *outs, index.chunk_start, index.chunk_len,
+            float(scale), HV, *accs, GROUP=group, K=_K, V=_V, BT=_BT,
+            num_warps=GLUON_CHUNK_GRADS_WARPS, SUM_GROUP=sum_group,
         )
     return outs
+
+
+def _running_sums(outs, accs) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fp32 buffers of the group's running ``dq``/``dk`` sums: ``accs`` checked, or the
+    outputs themselves where fp32, or fresh."""
+    res = []
+    for name, out, acc in zip(("dq_acc", "dk_acc"), outs, accs, strict=True):
+        if acc is None:
+            acc = out if out.dtype == torch.float32 else torch.empty_like(
+                out, dtype=torch.float32)
+        elif (acc.shape != out.shape or acc.dtype != torch.float32
+              or not acc.is_contiguous()):
+            raise ValueError(f"{name} must be a contiguous fp32 {tuple(out.shape)} tensor, got "
+                             f"{acc.dtype} {tuple(acc.shape)} "
+                             f"(contiguous={acc.is_contiguous()})")
+        res.append(acc)
+    return res[0], res[1]
