@@ -11,6 +11,12 @@
 #       walk ordered), whether a wgmma's bits depend on where its A operand comes from or on
 #       the accumulator's sign (benchmarks/wgmma_operand_bits_probe.py: step 2's premise),
 #       then the CUDA bits against .old
+#   call 4 (~300 s, carry [".old"] after `git worktree add --detach .old 1e6af39`):
+#       bash tools/h200_s19_validate.sh 4
+#       the GPU tests of this session's changes (the group summed in the Gluon chunk-gradient
+#       kernel, the launch cache), the host cost of a launch's pieces, then det fwd+bwd at
+#       three shapes and the host time at B1 T1024, this tree against .old (1e6af39, before
+#       the session)
 #   call 2 (short, carry [".whl-base"]), then call 3 right after (carry [".whl", ".whl-fla"]):
 #       bash tools/h200_s19_validate.sh 2 ; bash tools/h200_s19_validate.sh 3
 #       det against FlashQLA at issue 19's six shapes in one run (with the kernels each
@@ -42,6 +48,26 @@ step1() {
     bash tools/h200_validate.sh
 }
 
+step4() {
+  timeout 240 python3 -m pytest -v -n 8 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
+    --import-mode=importlib -ra packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
+    packages/gdn-core/tests/test_launch_gpu.py > "$LOG/tests4.log" 2>&1
+  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/tests4.log" | tail -15
+  timeout 60 python3 benchmarks/host_costs_probe.py 2>&1 | tee "$LOG/host_costs.txt"
+  local root=$PWD new=$PYTHONPATH old shapes="B1,T32768,H16,HV32,D8;B1,T8192,H16;B1,T32768,H16,D8"
+  old=$(ls -d "$root"/.old/packages/*/src | tr '\n' ':')
+  for tree in new old; do
+    if [[ $tree == old ]]; then export PYTHONPATH=${old%:}; cd "$root/.old"
+    else export PYTHONPATH=$new; cd "$root"; fi
+    timeout 150 python3 benchmarks/bench_gdn_train.py --arms det --warmup 5 --iters 20 \
+      --shapes "$shapes" --acc-shapes none 2>&1 | grep -E "^\[.*(shape|det )" | sed "s/^/$tree /" \
+      | tee -a "$LOG/e2e_ab.txt"
+    timeout 60 python3 benchmarks/host_profile_gpu.py --iters 50 --repeats 3 --top 5 2>&1 \
+      | head -7 | sed "s/^/$tree /" | tee -a "$LOG/host_ab.txt"
+  done
+  cd "$root"; export PYTHONPATH=$new
+}
+
 step2() { install_base; }
 
 step3() {
@@ -60,8 +86,9 @@ step3() {
 
 case "${1:-}" in
   1) step1 ;;
+  4) step4 ;;
   2) step2 ;;
   3) step3 ;;
-  *) echo "usage: bash tools/h200_s19_validate.sh 1|2|3"; exit 2 ;;
+  *) echo "usage: bash tools/h200_s19_validate.sh 1|2|3|4"; exit 2 ;;
 esac
 pack "$1"
