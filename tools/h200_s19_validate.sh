@@ -20,7 +20,8 @@
 #   call 2 (short, carry [".whl-base"]), then call 3 right after (carry [".whl", ".whl-fla"]):
 #       bash tools/h200_s19_validate.sh 2 ; bash tools/h200_s19_validate.sh 3
 #       det against FlashQLA at issue 19's six shapes in one run (with the kernels each
-#       shape ran), host time against fla, KCP world 8 with --busy-us 3000
+#       shape ran), the GPU tests of grouped value heads through the whole backward (bwd
+#       alias, det KCP), host time against fla
 #
 TAG=s19
 source "$(dirname "$0")/h200_lib.sh"
@@ -78,10 +79,15 @@ step3() {
     --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
   echo "qla exit $?"; grep -A9 "Against the anchors" "$LOG/qla.md"
   grep -A10 "Which path each arm ran" "$LOG/qla.md" | cut -c1-240
-  PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-200} python3 \
+  # the GPU tests of grouped value heads at K = V = 128 through the whole backward (the
+  # group summed in the chunk-gradient kernel): aliases, KCP worlds and workspaces
+  timeout 150 python3 -m pytest -v -n 8 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
+    --import-mode=importlib -ra packages/gdn-core/tests/test_bwd_alias_gpu.py \
+    packages/gdn-det-train-kcp/tests/test_det_kcp_gpu.py > "$LOG/tests3.log" 2>&1
+  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/tests3.log" | tail -15
+  PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-170} python3 \
     benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 > "$LOG/host_T1024_fla.txt" 2>&1
   echo "host exit $?"; cat "$LOG/host_T1024_fla.txt"
-  kcp_in_time 8 "--busy-us 3000"
 }
 
 case "${1:-}" in

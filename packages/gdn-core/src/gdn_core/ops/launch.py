@@ -70,13 +70,6 @@ _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 
 
-def _int_class(v: int) -> int:
-    """What Triton specialises an int on, as one small int: equal to 1 (bit 0), a multiple
-    of 16 (bit 1), within int32 (bit 2), within int64 (bit 3; neither: unsigned 64)."""
-    return ((v == 1) | ((v & 15) == 0) << 1 | (_I32_LO <= v < _I32_HI) << 2
-            | (_I64_LO <= v < _I64_HI) << 3)
-
-
 class _Same:
     """Wraps an object so that it hashes and compares by identity."""
 
@@ -155,8 +148,10 @@ class CachedLauncher:
                 ptr = v.data_ptr()
                 key.append((v.dtype, (ptr & 15) == 0, v.is_cuda))
                 head[i] = ptr
-            elif cls is int:
-                key.append(_int_class(v))
+            elif cls is int:  # what Triton specialises an int on, as bits: equal to 1,
+                # a multiple of 16, within int32, within int64 (neither: unsigned 64)
+                key.append((v == 1) | ((v & 15) == 0) << 1 | (_I32_LO <= v < _I32_HI) << 2
+                           | (_I64_LO <= v < _I64_HI) << 3)
             elif cls is float:
                 key.append("fp32")
             elif cls is bool:
