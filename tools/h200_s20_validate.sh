@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The next session's device calls (written in session 19, whose device time ran out after
+# the group-summed chunk gradients, the document order and the anchors were measured).
+#
+#   call 1 (~560 s, carry [".old"] after `git worktree add --detach .old 1e6af39`):
+#       bash tools/h200_s20_validate.sh 1
+#       every gpu-marked test of the four GDN packages at this tree (the group summed in
+#       the Gluon chunk-gradient kernel has run its own 39 tests and the 34 grouped-head
+#       tests of the alias and det KCP files, not the whole suite), det profiles at
+#       segments of 4096, then the CUDA bits against .old
+#   call 2 (~150 s, no carry), after merging branch s19-spend-states (the running sums in
+#   the spent h/dh tiles: compiled, not yet run):
+#       bash tools/h200_s20_validate.sh 2
+#       the summed kernel's tests and det fwd+bwd (time and peak) at B1 T32768 HV32 8 docs
+#       (2802 MiB with the [T, H, 128] fp32 running sums; ~2290 expected without them)
+#
+TAG=s20
+source "$(dirname "$0")/h200_lib.sh"
+
+step2() {
+  timeout 120 python3 -m pytest -v -n 4 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
+    --import-mode=importlib -ra -k "group_summed or grouped_heads" \
+    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py > "$LOG/tests2.log" 2>&1
+  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/tests2.log" | tail -15
+  timeout 60 python3 benchmarks/bench_gdn_train.py --arms det --warmup 3 --iters 10 \
+    --shapes "B1,T32768,H16,HV32,D8" --acc-shapes none --json "$LOG/hv32.json" 2>&1 \
+    | grep -E "^\[.*(shape|det )|^\| B1" | tee "$LOG/hv32.txt"
+}
+
+case "${1:-}" in
+  1) suite_step ;;
+  2) step2 ;;
+  *) echo "usage: bash tools/h200_s20_validate.sh 1|2"; exit 2 ;;
+esac
+pack "$1"
