@@ -131,7 +131,8 @@ class BackwardWorkspace(TypedWorkspace):
     * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials (only with
       ``dq_partials=True``, the default: a backward with one value head per q/k head
       writes ``dq``/``dk`` straight into its outputs unless it returns fp32 partials
-      for the L2-norm backward).
+      for the L2-norm backward; a grouped backward on the one-tile Gluon kernel keeps
+      its running ``[T,H,K]`` sums in their leading part).
     """
 
     def __init__(
@@ -459,7 +460,12 @@ def backward_from_recompute(
     workspace's fp32 partial buffers themselves (no copy), valid until the
     workspace is used again. Otherwise, with one value head per q/k head, the chunk-gradient
     kernel rounds ``dq``/``dk`` straight into fresh outputs (the same bits as rounding
-    the fp32 partials, without the fp32 buffers or the reduction launches).
+    the fp32 partials, without the fp32 buffers or the reduction launches). With grouped
+    value heads, where the one-tile Gluon chunk-gradient kernel runs (and no ``out``),
+    it sums each group in its CTA (``chunk_grads_bwd_gluon_summed`` of
+    :mod:`gdn_core.ops.gluon.chunk_grads`, ``group_reduce``'s bits): fresh ``[T, H, K]`` outputs,
+    the running fp32 sums in the leading ``[T, H, K]`` of the workspace's partial buffers
+    (or fresh ones), no reduction launches.
 
     ``dv_local``: stage 1's result when the caller already has it (the segment
     path computes it before its first reverse pass). ``out``: ``(dq, dk, dv, dg, dbeta)``
