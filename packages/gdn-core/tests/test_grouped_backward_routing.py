@@ -1,0 +1,85 @@
+"""The backward's routing of grouped value heads to the group-summing chunk-gradient launch.
+
+Where the one-tile Gluon chunk-gradient kernel runs and each q/k head has several value
+heads, :func:`gdn_core.ops.backward.backward_from_recompute` calls
+``chunk_grads_bwd_gluon_summed`` (the group summed in the kernel, ``group_reduce``'s bits)
+and no ``group_reduce``. The kernel itself runs only on an sm_90 GPU
+(``test_gluon_chunk_grads_gpu.py`` checks its bits); here, on the CPU, the backward is made
+to see the Triton launcher as the Gluon one and the summed launcher is replaced by the
+Triton partials + ``group_reduce`` it must equal, so that what is checked is the wiring:
+which launcher runs, the buffers it gets (fresh ``[T, H, K]`` outputs, a workspace's
+partial buffers as running sums) and that its results are the gradients returned.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_core import testkit
+from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
+from gdn_core.ops import backward
+from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
+from gdn_core.ops.gluon import chunk_grads as gluon_grads
+from gdn_core.ops.group_reduce import group_reduce
+
+D = 32
+
+
+def _run(ins, cu, cot, workspace: bool):
+    o, ht, saved = chunk_gdn_fwd(
+        ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"],
+        initial_state=ins["initial_state"], output_final_state=True, cu_seqlens=cu,
+        deterministic=True, segment_size=64)
+    ws = None
+    if workspace:
+        T = ins["q"].shape[1]
+        ws = backward.BackwardWorkspace.for_shapes(
+            T=T, H=2, HV=4, K=D, V=D, num_chunks=T // 64 + 8, num_docs=16,
+            dtype=ins["q"].dtype, device="cpu", deterministic=True)
+    gr = chunk_gdn_bwd(saved, cot["do"], cot["dht"], deterministic=True, workspace=ws)
+    return {"o": o, "ht": ht, **vars(gr)}, ws
+
+
+@pytest.mark.parametrize("workspace", [False, True], ids=["fresh", "workspace"])
+def test_grouped_heads_take_the_summed_launch(monkeypatch, workspace):
+    ins, cu, cot = testkit.make_inputs(lengths=[5, 64, 70, 130], H=2, HV=4, K=D, V=D)
+    want, _ = _run(ins, cu, cot, workspace)  # the Triton pair + group_reduce
+
+    calls = []
+
+    def summed(*args, dq, dk, dv=None, dbeta=None, dg=None, dq_acc=None, dk_acc=None):
+        group = args[13]
+        parts = chunk_grads_bwd(*args, dbeta=dbeta, dg=dg)  # fresh dv: the plan may alias
+        dq.copy_(group_reduce(parts[0], group, dq.dtype))
+        dk.copy_(group_reduce(parts[1], group, dk.dtype))
+        if dv is not None:
+            dv.copy_(parts[2])
+        calls.append(dict(group=group, index=args[12], dq=dq, dk=dk, dq_acc=dq_acc,
+                          dk_acc=dk_acc))
+        return dq, dk, parts[2] if dv is None else dv, parts[3], parts[4]
+
+    def no_reduce(*args, **kwargs):
+        raise AssertionError("group_reduce ran beside the summed launch")
+
+    kind = backward.grads_kernel
+    monkeypatch.setattr(backward, "grads_kernel",
+                        lambda g: "gluon" if g is chunk_grads_bwd else kind(g))
+    monkeypatch.setattr(gluon_grads, "chunk_grads_bwd_gluon_summed", summed)
+    monkeypatch.setattr(backward, "group_reduce", no_reduce)
+    got, ws = _run(ins, cu, cot, workspace)
+
+    assert calls, "the summed launch did not run"
+    T = ins["q"].shape[1]
+    for call in calls:
+        assert call["group"] == 2
+        assert call["dq"].shape == (T, 2, D) and call["dq"].dtype == ins["q"].dtype
+    if workspace:  # the running sums in the workspace's partial buffers' leading part
+        views = ws.views(T, 4, D, D, calls[-1]["index"].num_chunks, ins["q"].dtype, True)
+        assert calls[-1]["dq_acc"].data_ptr() == views["dq_part"].data_ptr()
+        assert calls[-1]["dk_acc"].data_ptr() == views["dk_part"].data_ptr()
+        assert calls[-1]["dq_acc"].shape == (T, 2, D)
+    else:
+        assert calls[-1]["dq_acc"] is None and calls[-1]["dk_acc"] is None
+    for name, a in want.items():
+        if a is not None:
+            assert torch.equal(a, got[name]), name
