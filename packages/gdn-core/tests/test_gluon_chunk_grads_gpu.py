@@ -231,7 +231,6 @@ def test_det_backward_with_grouped_heads_keeps_its_bits(monkeypatch, l2norm):
     from the backward), with and without a workspace; with the L2 norm the backward takes
     fp32 ``dq``/``dk`` (the kernel's outputs are their own running sums)."""
     from gdn_core import testkit
-    from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
     from gdn_core.ops import backward
     from gdn_core.ops.gluon import available
 
@@ -241,18 +240,8 @@ def test_det_backward_with_grouped_heads_keeps_its_bits(monkeypatch, l2norm):
                                        dtype=torch.bfloat16, device="cuda")
 
     def run(workspace=False):
-        o, ht, saved = chunk_gdn_fwd(
-            ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"],
-            initial_state=ins["initial_state"], output_final_state=True, cu_seqlens=cu,
-            use_qk_l2norm_in_kernel=l2norm, deterministic=True, segment_size=128)
-        ws = None
-        if workspace:
-            T = ins["q"].shape[1]
-            ws = backward.BackwardWorkspace.for_shapes(
-                T=T, H=2, HV=4, K=D, V=D, num_chunks=T // 64 + 8, num_docs=32,
-                dtype=torch.bfloat16, device="cuda", deterministic=True)
-        gr = chunk_gdn_bwd(saved, cot["do"], cot["dht"], deterministic=True, workspace=ws)
-        return {"o": o, "ht": ht, **vars(gr)}
+        return testkit.det_split_fwd_bwd(ins, cu, cot, segment_size=128, l2norm=l2norm,
+                                         workspace=workspace)[0]
 
     summed = run()
     with_ws = run(workspace=True)

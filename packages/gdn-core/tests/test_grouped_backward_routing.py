@@ -16,7 +16,6 @@ from __future__ import annotations
 import pytest
 import torch
 from gdn_core import testkit
-from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
 from gdn_core.ops import backward
 from gdn_core.ops.chunk_grads_bwd import chunk_grads_bwd
 from gdn_core.ops.gluon import chunk_grads as gluon_grads
@@ -25,25 +24,14 @@ from gdn_core.ops.group_reduce import group_reduce
 D = 32
 
 
-def _run(ins, cu, cot, workspace: bool):
-    o, ht, saved = chunk_gdn_fwd(
-        ins["q"], ins["k"], ins["v"], ins["g"], ins["beta"],
-        initial_state=ins["initial_state"], output_final_state=True, cu_seqlens=cu,
-        deterministic=True, segment_size=64)
-    ws = None
-    if workspace:
-        T = ins["q"].shape[1]
-        ws = backward.BackwardWorkspace.for_shapes(
-            T=T, H=2, HV=4, K=D, V=D, num_chunks=T // 64 + 8, num_docs=16,
-            dtype=ins["q"].dtype, device="cpu", deterministic=True)
-    gr = chunk_gdn_bwd(saved, cot["do"], cot["dht"], deterministic=True, workspace=ws)
-    return {"o": o, "ht": ht, **vars(gr)}, ws
-
-
 @pytest.mark.parametrize("workspace", [False, True], ids=["fresh", "workspace"])
 def test_grouped_heads_take_the_summed_launch(monkeypatch, workspace):
     ins, cu, cot = testkit.make_inputs(lengths=[5, 64, 70, 130], H=2, HV=4, K=D, V=D)
-    want, _ = _run(ins, cu, cot, workspace)  # the Triton pair + group_reduce
+
+    def run():
+        return testkit.det_split_fwd_bwd(ins, cu, cot, segment_size=64, workspace=workspace)
+
+    want, _ = run()  # the Triton pair + group_reduce
 
     calls = []
 
@@ -66,7 +54,7 @@ def test_grouped_heads_take_the_summed_launch(monkeypatch, workspace):
                         lambda g: "gluon" if g is chunk_grads_bwd else kind(g))
     monkeypatch.setattr(gluon_grads, "chunk_grads_bwd_gluon_summed", summed)
     monkeypatch.setattr(backward, "group_reduce", no_reduce)
-    got, ws = _run(ins, cu, cot, workspace)
+    got, ws = run()
 
     assert calls, "the summed launch did not run"
     T = ins["q"].shape[1]

@@ -32,6 +32,7 @@ __all__ = [
     "assert_close",
     "assert_equal",
     "audit_fwd_bwd",
+    "det_split_fwd_bwd",
     "fixed_order_interpreter_dot",
     "kcp_case_inputs",
     "kcp_case_single_device",
@@ -202,6 +203,32 @@ def run_fwd_bwd(fn, inputs, cu, cot, *, l2norm=False, output_final_state=True, s
     for n in GRAD_NAMES:
         out["d" + n] = None if leaves[n] is None else leaves[n].grad
     return out
+
+
+def det_split_fwd_bwd(inputs, cu, cot, *, segment_size: int, l2norm: bool = False,
+                      workspace: bool = False) -> tuple[dict, object]:
+    """A deterministic :mod:`gdn_core.compose` forward+backward of :func:`make_inputs`'
+    inputs (initial state in, final state out), with a fresh
+    :class:`~gdn_core.ops.backward.BackwardWorkspace` sized from the inputs where
+    ``workspace``: ``({"o", "ht", "dq", …}, the workspace or None)``."""
+    from gdn_core.compose import chunk_gdn_bwd, chunk_gdn_fwd
+    from gdn_core.ops.backward import BackwardWorkspace
+
+    q, v = inputs["q"], inputs["v"]
+    o, ht, saved = chunk_gdn_fwd(
+        q, inputs["k"], v, inputs["g"], inputs["beta"], initial_state=inputs["initial_state"],
+        output_final_state=True, cu_seqlens=cu, use_qk_l2norm_in_kernel=l2norm,
+        deterministic=True, segment_size=segment_size)
+    ws = None
+    if workspace:  # room for the chunks and documents the segments add
+        T, H, K = q.shape[1:]
+        HV, V = v.shape[2:]
+        pieces = len(cu) + T // segment_size + 1
+        ws = BackwardWorkspace.for_shapes(
+            T=T, H=H, HV=HV, K=K, V=V, num_chunks=T // 64 + pieces, num_docs=pieces,
+            dtype=q.dtype, device=q.device, deterministic=True)
+    gr = chunk_gdn_bwd(saved, cot["do"], cot["dht"], deterministic=True, workspace=ws)
+    return {"o": o, "ht": ht, **vars(gr)}, ws
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -81,6 +81,7 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.gluon import chunk_grads as _cg
 from gdn_core.ops.gluon.chunk_grads import (
     _chunk_vectors,
+    _loop,
     _phase_a_scores,
     _phase_a_values,
     _phase_b_dq,
@@ -107,11 +108,6 @@ from gdn_core.ops.registry import launcher
 
 __all__ = ["GLUON_CHUNK_GRADS_PIPELINED_WARPS", "chunk_grads_bwd_gluon_pipelined",
            "gluon_chunk_grads_pipelined_supported", "persistent_grid", "tile_order"]
-
-try:
-    from triton.language import range as _loop  # tl.range: for its disable_licm
-except ImportError:  # pragma: no cover - every Triton with Gluon has it
-    _loop = range
 
 #: Warps of the kernel: two warpgroups, each owning half the columns of every product.
 GLUON_CHUNK_GRADS_PIPELINED_WARPS = 8
