@@ -13,6 +13,9 @@
 #                      (qla.md/json), host time at B1 T1024 against fla (HOST_TIMEOUT, 230 s:
 #                      fla compiles first), the benchmarks/ probes named in S3_PROBES, and
 #                      KCP world 8 if 100 s of CALL_LIMIT are left
+#   gpu_tests LOGFILE SECONDS WORKERS PATH...
+#                      the gpu-marked tests of PATH... (pytest args) into $LOG/LOGFILE, then
+#                      their exit status and summary lines
 #   kcp_in_time WORLDS [EXTRA] [MIN]
 #                      simulated KCP (B1 T65536 H16 16 docs, 20 iterations, EXTRA appended
 #                      to the benchmark's options) at each world of WORLDS while more than
@@ -82,6 +85,14 @@ anchors_step() {
     echo "$p exit $?"; cut -c1-200 "$LOG/${p%.py}.txt" | tail -24
   done
   kcp_in_time 8
+}
+
+gpu_tests() {
+  local log=$1 secs=$2 workers=$3
+  shift 3
+  timeout "$secs" python3 -m pytest -v -n "$workers" -m gpu -p no:cacheprovider \
+    -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra "$@" > "$LOG/$log" 2>&1
+  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/$log" | tail -15
 }
 
 kcp_in_time() {

@@ -50,10 +50,8 @@ step1() {
 }
 
 step4() {
-  timeout 240 python3 -m pytest -v -n 8 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
-    --import-mode=importlib -ra packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
-    packages/gdn-core/tests/test_launch_gpu.py > "$LOG/tests4.log" 2>&1
-  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/tests4.log" | tail -15
+  gpu_tests tests4.log 240 8 packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
+    packages/gdn-core/tests/test_launch_gpu.py
   timeout 60 python3 benchmarks/host_costs_probe.py 2>&1 | tee "$LOG/host_costs.txt"
   local root=$PWD new=$PYTHONPATH old shapes="B1,T32768,H16,HV32,D8;B1,T8192,H16;B1,T32768,H16,D8"
   old=$(ls -d "$root"/.old/packages/*/src | tr '\n' ':')
@@ -81,10 +79,8 @@ step3() {
   grep -A10 "Which path each arm ran" "$LOG/qla.md" | cut -c1-240
   # the GPU tests of grouped value heads at K = V = 128 through the whole backward (the
   # group summed in the chunk-gradient kernel): aliases, KCP worlds and workspaces
-  timeout 150 python3 -m pytest -v -n 8 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
-    --import-mode=importlib -ra packages/gdn-core/tests/test_bwd_alias_gpu.py \
-    packages/gdn-det-train-kcp/tests/test_det_kcp_gpu.py > "$LOG/tests3.log" 2>&1
-  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/tests3.log" | tail -15
+  gpu_tests tests3.log 150 8 packages/gdn-core/tests/test_bwd_alias_gpu.py \
+    packages/gdn-det-train-kcp/tests/test_det_kcp_gpu.py
   PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-170} python3 \
     benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 > "$LOG/host_T1024_fla.txt" 2>&1
   echo "host exit $?"; cat "$LOG/host_T1024_fla.txt"

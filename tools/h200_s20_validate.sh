@@ -18,10 +18,8 @@ TAG=s20
 source "$(dirname "$0")/h200_lib.sh"
 
 step2() {
-  timeout 120 python3 -m pytest -v -n 4 -m gpu -p no:cacheprovider -p gdn_core.pytest_cuda_guard \
-    --import-mode=importlib -ra -k "group_summed or grouped_heads" \
-    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py > "$LOG/tests2.log" 2>&1
-  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/tests2.log" | tail -15
+  gpu_tests tests2.log 120 4 -k "group_summed or grouped_heads" \
+    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py
   timeout 60 python3 benchmarks/bench_gdn_train.py --arms det --warmup 3 --iters 10 \
     --shapes "B1,T32768,H16,HV32,D8" --acc-shapes none --json "$LOG/hv32.json" 2>&1 \
     | grep -E "^\[.*(shape|det )|^\| B1" | tee "$LOG/hv32.txt"
