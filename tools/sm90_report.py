@@ -203,7 +203,8 @@ def gluon_grads_args(H: int, HV: int) -> dict:
     return dict(gc._descriptors(q, q, v, v, h, h, v, v, a), G=torch.zeros(T, HV),
                 beta=torch.zeros(T, HV, dtype=bf), dq=out, dk=out, dv=v,
                 dbeta=torch.zeros(T, HV, dtype=bf), dg=torch.zeros(T, HV),
-                chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV, dq_acc=out, dk_acc=out)
+                chunk_start=i32, chunk_len=i32, scale=0.5, HV=HV, dq_acc=out, dk_acc=out,
+                acc_chunk_stride=0, acc_head_stride=0)
 
 
 def setmaxnreg(ptx: str) -> list[tuple[str, str]]:
@@ -230,10 +231,11 @@ def gluon_grads_reports() -> None:
         args = gluon_grads_args(H, HV)
         T = args["dv"].shape[0]
         out = torch.zeros(T, H, 128, dtype=torch.bfloat16)
-        acc = torch.zeros(T, H, 128)
+        acc = args["h_desc"].base.view(torch.float32)  # the spent h tiles, as the backward
         print(f"H={H} HV={HV} group summed in the CTA, dq/dk {out.dtype}")
         report_gluon(gc._chunk_grads_bwd_gluon_kernel,
-                     dict(args, dq=out, dk=out, dq_acc=acc, dk_acc=acc),
+                     dict(args, dq=out, dk=out, dq_acc=acc, dk_acc=acc,
+                          acc_chunk_stride=HV * 64 * 128, acc_head_stride=HV // H * 64 * 128),
                      dict(GROUP=HV // H, K=128, V=128, BT=64, SUM_GROUP=True),
                      num_warps=gc.GLUON_CHUNK_GRADS_WARPS)
 
@@ -254,7 +256,8 @@ def gluon_grads2_reports() -> None:
         print(f"H={H} HV={HV} dq/dk {args['dq'].dtype}")
         report_gluon(gc._chunk_grads_bwd_gluon_kernel, args, meta,
                      num_warps=gc.GLUON_CHUNK_GRADS_WARPS)
-        piped = {k: v for k, v in args.items() if k not in ("dq_acc", "dk_acc")}
+        piped = {k: v for k, v in args.items()
+                 if k not in ("dq_acc", "dk_acc", "acc_chunk_stride", "acc_head_stride")}
         report_gluon(gp._chunk_grads_bwd_gluon_pipelined_kernel, dict(piped, n_tiles=NT * HV),
                      meta, num_warps=gp.GLUON_CHUNK_GRADS_PIPELINED_WARPS)
 

@@ -189,9 +189,9 @@ def test_gluon_chunk_grads_documents_are_independent(dtype):
 def test_group_summed_in_the_kernel_keeps_group_reduce_bits(lengths, H, group, dtype):
     """``chunk_grads_bwd_gluon_summed`` (one CTA a (chunk, q/k head), the group's value
     heads in turn) gives ``group_reduce`` of the per-value-head fp32 partials bit for bit,
-    into 16-bit outputs and into fp32 ones (their own running sums), with given running-sum
-    buffers too; ``dv``, ``dβ``, ``dg`` are the per-head launch's bits; repeatable; a
-    running-sum buffer of another dtype is refused."""
+    into 16-bit outputs and into fp32 ones, with its running sums in fresh buffers or in
+    the spent ``h``/``dh`` tiles (``spend_states``); ``dv``, ``dβ``, ``dg`` are the per-head
+    launch's bits; repeatable."""
     from gdn_core.ops.gluon.chunk_grads import (
         chunk_grads_bwd_gluon,
         chunk_grads_bwd_gluon_summed,
@@ -209,27 +209,25 @@ def test_group_summed_in_the_kernel_keeps_group_reduce_bits(lengths, H, group, d
     for name, a, b in zip(NAMES[2:], got[2:], parts[2:]):
         assert torch.equal(a, b), name
 
-    def f32():
-        return torch.empty(T, H, D, device="cuda")
-
-    wide = chunk_grads_bwd_gluon_summed(*args, dq=f32(), dk=f32())
+    wide = chunk_grads_bwd_gluon_summed(*args, dq=torch.empty(T, H, D, device="cuda"),
+                                        dk=torch.empty(T, H, D, device="cuda"))
     for name, a, part in zip(("dq", "dk"), wide[:2], parts[:2]):
         assert torch.equal(a, group_reduce(part, group, torch.float32)), f"{name} fp32"
-    again = chunk_grads_bwd_gluon_summed(*args, dq_acc=f32(), dk_acc=f32())
+    spent = list(args)
+    spent[4], spent[5] = args[4].clone(), args[5].clone()  # h, dh: overwritten
+    again = chunk_grads_bwd_gluon_summed(*spent, spend_states=True)
     for name, a, b in zip(NAMES, again, got):
-        assert torch.equal(a, b), f"{name}: two calls differ"
-    with pytest.raises(ValueError, match="dq_acc"):
-        chunk_grads_bwd_gluon_summed(*args, dq_acc=torch.empty(T, H, D, dtype=dtype,
-                                                               device="cuda"))
+        assert torch.equal(a, b), f"{name}: running sums in the spent h/dh tiles"
+    assert not torch.equal(spent[4], args[4])  # the first value heads' tiles were spent
 
 
 @pytest.mark.parametrize("l2norm", [False, True], ids=["plain", "l2norm"])
 def test_det_backward_with_grouped_heads_keeps_its_bits(monkeypatch, l2norm):
     """A deterministic forward+backward at K = V = 128, bf16, two value heads per q/k head,
-    packed and segmented: the group summed in the chunk-gradient kernel gives the bits of
-    the per-value-head partials + ``group_reduce`` path (forced by hiding the kernel's kind
-    from the backward), with and without a workspace; with the L2 norm the backward takes
-    fp32 ``dq``/``dk`` (the kernel's outputs are their own running sums)."""
+    packed and segmented: the group summed in the chunk-gradient kernel (its running sums
+    in the spent ``h``/``dh`` tiles) gives the bits of the per-value-head partials +
+    ``group_reduce`` path (forced by hiding the kernel's kind from the backward), with and
+    without a workspace; with the L2 norm the backward takes fp32 ``dq``/``dk``."""
     from gdn_core import testkit
     from gdn_core.ops import backward
     from gdn_core.ops.gluon import available

@@ -527,9 +527,9 @@ def backward_from_recompute(
 
         dq_out, dk_out = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
                           for x in (q, k))
-        if workspace is not None:  # the running sums in the partials' leading [T, H, K]
-            res["dq_acc"], res["dk_acc"] = (ws[name].view(-1)[:T * H * K].view(T, H, K)
-                                            for name in ("dq_part", "dk_part"))
+        # the running fp32 sums in the spent h / dh tiles: h is this call's own if donated,
+        # dh always (the workspace's scratch or fresh)
+        res["spend_states"] = donate
     elif direct and out is not None:
         dq_out, dk_out = out[0], out[1]
     elif direct:

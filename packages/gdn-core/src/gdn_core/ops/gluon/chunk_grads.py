@@ -10,8 +10,9 @@ formulas of dQ, dK, dv, dβ and of dg in the crossing-sum form); the Triton pair
 backward's default since session 19): one CTA per (chunk, q/k head) runs the group's
 value heads one after the other (:func:`_head_grads` per head; Q and K loaded once, the
 other tiles refilled after a CTA barrier) and sums ``dq``/``dk`` over them in fp32 in the
-order ``hv = h·group + 0, 1, …`` through an fp32 ``[T, H, K]`` running sum that the same
-threads store and read back (L2-resident), rounding the last head's sum into the output:
+order ``hv = h·group + 0, 1, …`` through an fp32 running-sum tile that the same threads
+store and read back (L2-resident; in the backward, the spent ``h``/``dh`` tile of the
+group's first value head: no memory taken), rounding the last head's sum into the output:
 the additions and rounding of :func:`gdn_core.ops.group_reduce.group_reduce`, so the same
 bits, without the ``[T, HV, K]`` fp32 partials or the two reduction launches. Compiled
 for sm_90a (Triton 3.6, bf16): 232 registers, no spills, 221,224 B at group 2; 255
@@ -227,25 +228,26 @@ def _load_rows(ptr, n, row_stride, R: gl.constexpr, C: gl.constexpr, layout: gl.
 
 
 @gluon.jit
-def _store_head_sum(out, acc_buf, x, j, p_o, n, row_stride, NHV: gl.constexpr,
+def _store_head_sum(out, acc_buf, x, j, p_o, n, row_stride, a_o, NHV: gl.constexpr,
                     R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):
-    """Store value head ``j``'s fp32 ``x`` (rows ``< n``, row 0 at element ``p_o``). One head
-    a CTA (``NHV == 1``): into ``out``. A q/k head's ``NHV`` value heads in one CTA: the
-    running fp32 sum ``((0 + x_0) + x_1) + …`` goes through ``acc_buf`` (fp32, ``out``'s
-    layout; may be ``out`` itself) and the last head's sum is rounded into ``out`` — the
-    additions and the rounding of :func:`gdn_core.ops.group_reduce.group_reduce` over the
-    per-value-head partials, in its order."""
+    """Store value head ``j``'s fp32 ``x`` (rows ``< n``, row 0 at element ``p_o`` of
+    ``out``, rows ``row_stride`` apart). One head a CTA (``NHV == 1``): into ``out``. A q/k
+    head's ``NHV`` value heads in one CTA: the running fp32 sum ``((0 + x_0) + x_1) + …``
+    goes through the CTA's ``[R, C]`` fp32 tile at element ``a_o`` of ``acc_buf`` (rows
+    ``C`` apart) and the last head's sum is rounded into ``out`` — the additions and the
+    rounding of :func:`gdn_core.ops.group_reduce.group_reduce` over the per-value-head
+    partials, in its order."""
     if NHV == 1:
         _store_rows(out + p_o, x, n, row_stride, R, C, layout)
     else:
         if j == 0:
             x = x + 0.0  # group_reduce's 0 + x_0 (a −0.0 partial becomes +0.0 there too)
         else:
-            x = _load_rows(acc_buf + p_o, n, row_stride, R, C, layout) + x
+            x = _load_rows(acc_buf + a_o, n, C, R, C, layout) + x
         if j == NHV - 1:
             _store_rows(out + p_o, x, n, row_stride, R, C, layout)
         else:
-            _store_rows(acc_buf + p_o, x, n, row_stride, R, C, layout)
+            _store_rows(acc_buf + a_o, x, n, C, R, C, layout)
 
 
 @gluon.jit
@@ -314,12 +316,13 @@ def _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT: gl.co
 
 @gluon.jit
 def _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq_acc, j, p_o, o_stride,
-                gam_r128, n, scale, NHV: gl.constexpr, BT: gl.constexpr, K: gl.constexpr,
-                L128: gl.constexpr):
+                a_o, gam_r128, n, scale, NHV: gl.constexpr, BT: gl.constexpr,
+                K: gl.constexpr, L128: gl.constexpr):
     """Phase B up to ``dQ``: ``dQ_state = Γ scale dO Sᵀ`` (``q·dQ_state`` returned), ``dQ =
     dQ_state + ds K`` stored (:func:`_store_head_sum`: value head ``j`` of ``NHV``, row 0 at
-    ``p_o``), ``dW = −dU Sᵀ`` rounded into V's spent tile (returned as ``dw_s``), ``X1``
-    waited; ends with a CTA barrier (every warp's stores done)."""
+    ``p_o``, the running sum at ``a_o``), ``dW = −dU Sᵀ`` rounded into V's spent tile
+    (returned as ``dw_s``), ``X1`` waited; ends with a CTA barrier (every warp's stores
+    done)."""
     dqs = warpgroup_mma(do_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
     dwn = warpgroup_mma(du_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
     x1 = warpgroup_mma_wait(2, deps=[x1, du_s, v_s])[0]
@@ -333,7 +336,7 @@ def _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq_acc, j, p
     dw_s = v_s  # V is spent: its tile carries dW (16-bit, as the Triton kernels round it)
     dw_s.store((-dwn).to(dw_s.dtype))
     dqa = warpgroup_mma_wait(0, deps=[dqa, ds_s, k_s])[0]
-    _store_head_sum(dq, dq_acc, dqa, j, p_o, n, o_stride, NHV, BT, K, L128)
+    _store_head_sum(dq, dq_acc, dqa, j, p_o, n, o_stride, a_o, NHV, BT, K, L128)
     fence_async_shared()
     gl.thread_barrier()
     return x1, dgq, dw_s
@@ -440,14 +443,15 @@ def _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, 
 def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
                 G, beta, dq, dk, dv, dbeta, dg, dq_acc, dk_acc,
                 q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dh_s, a_s, ds_s, dt_s, e_s, eb_s, bars,
-                i_c, i_h, i_hv, j, ph, bos, n, scale, HV, p_o, o_stride,
+                i_c, i_h, i_hv, j, ph, bos, n, scale, HV, p_o, o_stride, a_o,
                 NHV: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
                 L64: gl.constexpr, L128: gl.constexpr, IO: gl.constexpr,
                 SCAN: gl.constexpr):
     """Every gradient of one (chunk, value head) tile: its loads (``bars[0..3]`` waited with
     parity ``ph``; with ``NHV > 1`` Q and K are the CTA's already, on ``bars[4]``), phases
     A-D, and its stores (``dq``/``dk`` through :func:`_store_head_sum`: with ``NHV == 1``
-    at the tile's rows of ``[T, HV, K]``, else row 0 at ``p_o``, rows ``o_stride`` apart)."""
+    at the tile's rows of ``[T, HV, K]``, else row 0 at ``p_o``, rows ``o_stride`` apart,
+    the running sums' tiles at ``a_o``)."""
     R64: gl.constexpr = gl.SliceLayout(1, L64)
     C64: gl.constexpr = gl.SliceLayout(0, L64)
     R128: gl.constexpr = gl.SliceLayout(1, L128)
@@ -514,7 +518,7 @@ def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_de
     # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
     mbarrier.wait(bars.index(2), ph)
     x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq_acc, j,
-                                p_o, o_stride, gam_r128, n, scale, NHV, BT, K, L128)
+                                p_o, o_stride, a_o, gam_r128, n, scale, NHV, BT, K, L128)
     d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
 
     # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
@@ -528,7 +532,7 @@ def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_de
     acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
     acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128)
     acc, db_c, kds = _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128)
-    _store_head_sum(dk, dk_acc, acc, j, p_o, n, o_stride, NHV, BT, K, L128)
+    _store_head_sum(dk, dk_acc, acc, j, p_o, n, o_stride, a_o, NHV, BT, K, L128)
     return rows, cols, p_s, cs_w, cs_o, g_last, sds, kds, wr, dgq, db_c, db_v, b_r
 
 
@@ -536,7 +540,7 @@ def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_de
 def _chunk_grads_bwd_gluon_kernel(
     q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
     G, beta, dq, dk, dv, dbeta, dg,
-    chunk_start, chunk_len, scale, HV, dq_acc, dk_acc,
+    chunk_start, chunk_len, scale, HV, dq_acc, dk_acc, acc_chunk_stride, acc_head_stride,
     GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
     SUM_GROUP: gl.constexpr = False,
 ):
@@ -593,7 +597,7 @@ def _chunk_grads_bwd_gluon_kernel(
             q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc, a_desc,
             G, beta, dq, dk, dv, dbeta, dg, dq_acc, dk_acc,
             q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dh_s, a_s, ds_s, dt_s, e_s, eb_s, bars,
-            i_c, i_h, hv0, 0, 0, bos, n, scale, HV, 0, 0, NHV, K, V, BT,
+            i_c, i_h, hv0, 0, 0, bos, n, scale, HV, 0, 0, 0, NHV, K, V, BT,
             L64, L128, IO, SCAN)
         for i in gl.static_range(NBAR):
             mbarrier.invalidate(bars.index(i))
@@ -606,7 +610,9 @@ def _chunk_grads_bwd_gluon_kernel(
         tma.async_copy_global_to_shared(q_desc, [bos, tk], bars.index(4), q_s)
         tma.async_copy_global_to_shared(k_desc, [bos, tk], bars.index(4), k_s)
         H = HV // GROUP
-        p_o = (bos.to(gl.int64) * H + i_h) * K  # dq/dk and their running sums: [T, H, K]
+        p_o = (bos.to(gl.int64) * H + i_h) * K  # dq/dk: [T, H, K]
+        # the running sums: this CTA's [BT, K] fp32 tile of dq_acc / dk_acc
+        a_o = i_c.to(gl.int64) * acc_chunk_stride + i_h.to(gl.int64) * acc_head_stride
         # disable_licm: hoisting the body's thread-invariant shared-memory offsets out of
         # the loop would keep them live through it (the persistent kernel's reason too)
         for j in _loop(0, NHV, disable_licm=True):
@@ -615,8 +621,8 @@ def _chunk_grads_bwd_gluon_kernel(
                     q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_desc,
                     a_desc, G, beta, dq, dk, dv, dbeta, dg, dq_acc, dk_acc,
                     q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dh_s, a_s, ds_s, dt_s, e_s, eb_s,
-                    bars, i_c, i_h, hv0 + j, j, j & 1, bos, n, scale, HV, p_o, H * K, NHV, K,
-                    V, BT, L64, L128, IO, SCAN)
+                    bars, i_c, i_h, hv0 + j, j, j & 1, bos, n, scale, HV, p_o, H * K, a_o,
+                    NHV, K, V, BT, L64, L128, IO, SCAN)
             _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds,
                             wr, dgq, db_c, db_v, b_r, R64)
         for i in gl.static_range(NBAR):
@@ -759,7 +765,7 @@ def chunk_grads_bwd_gluon(
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
     return _launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, scale, index, group,
-                   g_dtype, dq, dk, dv, dbeta, dg, None, None, sum_group=False)
+                   g_dtype, dq, dk, dv, dbeta, dg, sum_group=False)
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_grads_bwd_gluon_kernel,))
@@ -784,8 +790,7 @@ def chunk_grads_bwd_gluon_summed(
     dv: torch.Tensor | None = None,
     dbeta: torch.Tensor | None = None,
     dg: torch.Tensor | None = None,
-    dq_acc: torch.Tensor | None = None,
-    dk_acc: torch.Tensor | None = None,
+    spend_states: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """:func:`chunk_grads_bwd_gluon` with ``dq``/``dk`` summed over each q/k head's group
     of value heads in the kernel: one CTA per (chunk, q/k head) runs the group's value
@@ -793,25 +798,31 @@ def chunk_grads_bwd_gluon_summed(
     (allocated in q's dtype where ``None``), the bits of
     :func:`gdn_core.ops.group_reduce.group_reduce` over :func:`chunk_grads_bwd_gluon`'s
     per-value-head fp32 partials, without those partials (``[T, HV, 128]`` fp32 each) or
-    the two reduction launches. The running fp32 sums go through ``dq_acc``/``dk_acc``
-    (``[T, H, 128]`` fp32, contiguous; allocated where ``None``; fp32 ``dq``/``dk`` serve
-    as their own). ``group == 1`` is :func:`chunk_grads_bwd_gluon`'s launch.
+    the two reduction launches. ``group == 1`` is :func:`chunk_grads_bwd_gluon`'s launch.
 
-    Returns and raises what :func:`chunk_grads_bwd_gluon` does (``ValueError`` also for a
-    ``dq_acc``/``dk_acc`` of another shape or dtype, or not contiguous).
+    The running fp32 sums take one ``[64, 128]`` fp32 tile per (chunk, q/k head) each.
+    ``spend_states=True`` (``h`` and ``dh`` contiguous): they go through ``h``'s and
+    ``dh``'s own storage, in the tile of each group's first value head once that tile has
+    landed in shared memory (the same bytes: 128×128 16-bit), so **``h`` and ``dh`` are
+    overwritten** and no memory is taken; otherwise two ``[NT, H, 64·128]`` fp32 buffers
+    are allocated.
+
+    Returns and raises what :func:`chunk_grads_bwd_gluon` does.
     """
     return _launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, scale, index, group,
-                   g_dtype, dq, dk, dv, dbeta, dg, dq_acc, dk_acc, sum_group=group > 1)
+                   g_dtype, dq, dk, dv, dbeta, dg, sum_group=group > 1,
+                   spend_states=spend_states)
 
 
 def _launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, scale, index, group, g_dtype,
-            dq, dk, dv, dbeta, dg, dq_acc, dk_acc, *, sum_group: bool):
+            dq, dk, dv, dbeta, dg, *, sum_group: bool, spend_states: bool = False):
     outs, ready = prepare_launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, index, group,
                                  g_dtype, dq, dk, dv, dbeta, dg, sum_group)
-    accs = _running_sums(outs[:2], (dq_acc, dk_acc)) if sum_group else outs[:2]
     if ready is not None:
         descs, G, beta = ready
         HV = v.shape[1]
+        accs = _running_sums(h, dh, index.num_chunks, HV, group, spend_states) if sum_group \
+            else (outs[0], outs[1], 0, 0)
         _CHUNK_GRADS_BWD_GLUON_KERNEL[(index.num_chunks, HV // group if sum_group else HV)](
             *descs.values(), G, beta, *outs, index.chunk_start, index.chunk_len,
             float(scale), HV, *accs, GROUP=group, K=_K, V=_V, BT=_BT,
@@ -820,18 +831,15 @@ def _launch(q, k, v, v_new, h, dh, do, du, G, beta, A_inv, scale, index, group, 
     return outs
 
 
-def _running_sums(outs, accs) -> tuple[torch.Tensor, torch.Tensor]:
-    """The fp32 buffers of the group's running ``dq``/``dk`` sums: ``accs`` checked, or the
-    outputs themselves where fp32, or fresh."""
-    res = []
-    for name, out, acc in zip(("dq_acc", "dk_acc"), outs, accs, strict=True):
-        if acc is None:
-            acc = out if out.dtype == torch.float32 else torch.empty_like(
-                out, dtype=torch.float32)
-        elif (acc.shape != out.shape or acc.dtype != torch.float32
-              or not acc.is_contiguous()):
-            raise ValueError(f"{name} must be a contiguous fp32 {tuple(out.shape)} tensor, got "
-                             f"{acc.dtype} {tuple(acc.shape)} "
-                             f"(contiguous={acc.is_contiguous()})")
-        res.append(acc)
-    return res[0], res[1]
+def _running_sums(h: torch.Tensor, dh: torch.Tensor, NT: int, HV: int, group: int,
+                  spend: bool) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``(dq_acc, dk_acc, chunk stride, head stride)`` of the group's running fp32 sums, a
+    ``[64, 128]`` fp32 tile per (chunk, q/k head), strides in fp32 elements: ``h``'s and
+    ``dh``'s storage where ``spend`` (each ``[128, 128]`` 16-bit tile is one such fp32
+    tile; a group's first value head's tile), else two fresh buffers."""
+    tile = _BT * _K
+    if spend and h.is_contiguous() and dh.is_contiguous():
+        return h.view(torch.float32), dh.view(torch.float32), HV * tile, group * tile
+    H = HV // group
+    return (torch.empty(NT, H, tile, dtype=torch.float32, device=h.device),
+            torch.empty(NT, H, tile, dtype=torch.float32, device=h.device), H * tile, tile)

@@ -274,7 +274,7 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
         mbarrier.wait(b_h, ph)
         x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq,
-                                    0, p_s * K, HV * K, gam_r128, n, scale, 1, BT, K, L128)
+                                    0, p_s * K, HV * K, 0, gam_r128, n, scale, 1, BT, K, L128)
         # P1: dO and dU are spent (both warpgroups waited on dO Sᵀ, dU Sᵀ): the next
         # tile's Q into dO's slot, its K into dU's slot
         tk_n = (hv_n // GROUP) * K
