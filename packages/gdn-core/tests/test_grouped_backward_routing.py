@@ -7,8 +7,9 @@ and no ``group_reduce``. The kernel itself runs only on an sm_90 GPU
 (``test_gluon_chunk_grads_gpu.py`` checks its bits); here, on the CPU, the backward is made
 to see the Triton launcher as the Gluon one and the summed launcher is replaced by the
 Triton partials + ``group_reduce`` it must equal, so that what is checked is the wiring:
-which launcher runs, the buffers it gets (fresh ``[T, H, K]`` outputs, a workspace's
-partial buffers as running sums) and that its results are the gradients returned.
+which launcher runs, what it gets (fresh ``[T, H, K]`` outputs; ``spend_states``: the
+backward's own ``h`` and ``dh`` take the running sums) and that its results are the
+gradients returned.
 """
 
 from __future__ import annotations
@@ -35,15 +36,14 @@ def test_grouped_heads_take_the_summed_launch(monkeypatch, workspace):
 
     calls = []
 
-    def summed(*args, dq, dk, dv=None, dbeta=None, dg=None, dq_acc=None, dk_acc=None):
+    def summed(*args, dq, dk, dv=None, dbeta=None, dg=None, spend_states=False):
         group = args[13]
         parts = chunk_grads_bwd(*args, dbeta=dbeta, dg=dg)  # fresh dv: the plan may alias
         dq.copy_(group_reduce(parts[0], group, dq.dtype))
         dk.copy_(group_reduce(parts[1], group, dk.dtype))
         if dv is not None:
             dv.copy_(parts[2])
-        calls.append(dict(group=group, index=args[12], dq=dq, dk=dk, dq_acc=dq_acc,
-                          dk_acc=dk_acc))
+        calls.append(dict(group=group, dq=dq, dk=dk, spend_states=spend_states))
         return dq, dk, parts[2] if dv is None else dv, parts[3], parts[4]
 
     def no_reduce(*args, **kwargs):
@@ -54,20 +54,14 @@ def test_grouped_heads_take_the_summed_launch(monkeypatch, workspace):
                         lambda g: "gluon" if g is chunk_grads_bwd else kind(g))
     monkeypatch.setattr(gluon_grads, "chunk_grads_bwd_gluon_summed", summed)
     monkeypatch.setattr(backward, "group_reduce", no_reduce)
-    got, ws = run()
+    got, _ = run()
 
     assert calls, "the summed launch did not run"
     T = ins["q"].shape[1]
     for call in calls:
         assert call["group"] == 2
         assert call["dq"].shape == (T, 2, D) and call["dq"].dtype == ins["q"].dtype
-    if workspace:  # the running sums in the workspace's partial buffers' leading part
-        views = ws.views(T, 4, D, D, calls[-1]["index"].num_chunks, ins["q"].dtype, True)
-        assert calls[-1]["dq_acc"].data_ptr() == views["dq_part"].data_ptr()
-        assert calls[-1]["dk_acc"].data_ptr() == views["dk_part"].data_ptr()
-        assert calls[-1]["dq_acc"].shape == (T, 2, D)
-    else:
-        assert calls[-1]["dq_acc"] is None and calls[-1]["dk_acc"] is None
+        assert call["spend_states"] is True  # the segment backward donates its h
     for name, a in want.items():
         if a is not None:
             assert torch.equal(a, got[name]), name

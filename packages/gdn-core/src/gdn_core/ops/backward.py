@@ -131,8 +131,8 @@ class BackwardWorkspace(TypedWorkspace):
     * ``dq_part, dk_part [T,HV,K]`` — fp32 per-value-head partials (only with
       ``dq_partials=True``, the default: a backward with one value head per q/k head
       writes ``dq``/``dk`` straight into its outputs unless it returns fp32 partials
-      for the L2-norm backward; a grouped backward on the one-tile Gluon kernel keeps
-      its running ``[T,H,K]`` sums in their leading part).
+      for the L2-norm backward; a grouped backward on the one-tile Gluon kernel does
+      not use them: its running sums go through the spent ``h``/``dh`` tiles).
     """
 
     def __init__(
@@ -464,8 +464,8 @@ def backward_from_recompute(
     value heads, where the one-tile Gluon chunk-gradient kernel runs (and no ``out``),
     it sums each group in its CTA (``chunk_grads_bwd_gluon_summed`` of
     :mod:`gdn_core.ops.gluon.chunk_grads`, ``group_reduce``'s bits): fresh ``[T, H, K]`` outputs,
-    the running fp32 sums in the leading ``[T, H, K]`` of the workspace's partial buffers
-    (or fresh ones), no reduction launches.
+    the running fp32 sums in the spent ``h``/``dh`` tiles where ``donate`` (``h`` is then
+    this call's own; ``dh`` always is), else in fresh buffers; no reduction launches.
 
     ``dv_local``: stage 1's result when the caller already has it (the segment
     path computes it before its first reverse pass). ``out``: ``(dq, dk, dv, dg, dbeta)``
