@@ -8,7 +8,8 @@
 #                      in the same warm window: the machine keeps /tmp only while warm)
 #   suite_step         every gpu-marked test of the four GDN packages (gpu_tests.log), det
 #                      profiles at segments of 4096, then the CUDA bits against a carried .old
-#                      in what is left of CALL_LIMIT (585 s)
+#                      in what is left of CALL_LIMIT (585 s); SUITE_THEN=FUNC runs FUNC after
+#                      the tests, PROFILE=0 skips the profiles
 #   anchors_step       (after install_base) det against FlashQLA at SHAPES6 in one run
 #                      (qla.md/json), host time at B1 T1024 against fla (HOST_TIMEOUT, 230 s:
 #                      fla compiles first), the benchmarks/ probes named in S3_PROBES, and
@@ -59,9 +60,12 @@ suite_step() {
     > "$LOG/gpu_tests.log" 2>&1
   echo "gpu tests exit $?"; grep -cE "PASSED" "$LOG/gpu_tests.log"
   grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/gpu_tests.log" | sort | uniq | tail -25
-  timeout 90 python3 benchmarks/profile_gdn.py --shapes 1x32768x16x8,1x32768x16x1,1x8192x16x1 \
-    --segments 4096 --iters 10 --rows 16 > "$LOG/profile_det.txt" 2>&1
-  echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det.txt" | cut -c1-60,150-200
+  [[ -n ${SUITE_THEN:-} ]] && "$SUITE_THEN"
+  if [[ ${PROFILE:-1} == 1 ]]; then
+    timeout 90 python3 benchmarks/profile_gdn.py --shapes 1x32768x16x8,1x32768x16x1,1x8192x16x1 \
+      --segments 4096 --iters 10 --rows 16 > "$LOG/profile_det.txt" 2>&1
+    echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det.txt" | cut -c1-60,150-200
+  fi
   local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
   echo "bits with ${left} s left"
   mkdir -p "$LOG/bits"  # its own folder: h200_validate.sh packs everything in its OUT

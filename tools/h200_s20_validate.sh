@@ -8,6 +8,8 @@
 #       the Gluon chunk-gradient kernel has run its own 39 tests and the 34 grouped-head
 #       tests of the alias and det KCP files, not the whole suite), det profiles at
 #       segments of 4096, then the CUDA bits against .old
+#   (session 20 merged s19-spend-states first and ran call 1 with step 2's benchmark
+#   inside it, after the suite and before the bits, in place of the profiles)
 #   call 2 (~150 s, no carry), after merging branch s19-spend-states (the running sums in
 #   the spent h/dh tiles: compiled, not yet run):
 #       bash tools/h200_s20_validate.sh 2
@@ -26,7 +28,7 @@ step2() {
 }
 
 case "${1:-}" in
-  1) suite_step ;;
+  1) SUITE_THEN=step2 PROFILE=0 suite_step ;;
   2) step2 ;;
   *) echo "usage: bash tools/h200_s20_validate.sh 1|2"; exit 2 ;;
 esac
