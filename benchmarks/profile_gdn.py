@@ -9,6 +9,13 @@ close to the wall time means the call is launch-bound, not GPU-bound.
 on the same inputs, so the two kernel tables can be read side by side.
 
     python benchmarks/profile_gdn.py --shapes 1x8192x16x1,4x8192x16x1 --segments 1024,0
+
+``--ncu`` marks one warm step with ``cudaProfilerStart``/``Stop`` (and skips the timing and
+the torch profiler), for Nsight Compute's ``--profile-from-start off``::
+
+    ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+        --section Occupancy --section WarpStateStats python benchmarks/profile_gdn.py \
+        --ncu --shapes 1x32768x16x8 --segments 4096
 """
 
 from __future__ import annotations
@@ -92,6 +99,8 @@ def main() -> None:
                    choices=["gdn_det_train", "gdn_train", "fla", "flashqla"])
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--rows", type=int, default=18)
+    p.add_argument("--ncu", action="store_true",
+                   help="one warm step between cudaProfilerStart/Stop, nothing timed")
     args = p.parse_args()
     anchor = args.package in ("fla", "flashqla")
     make_step = _anchor_step(args.package) if anchor else _package_step(args.package)
@@ -106,6 +115,14 @@ def main() -> None:
             for _ in range(3):
                 step()
             torch.cuda.synchronize()
+            if args.ncu:  # the one step Nsight Compute profiles (--profile-from-start off)
+                torch.cuda.cudart().cudaProfilerStart()
+                step()
+                torch.cuda.synchronize()
+                torch.cuda.cudart().cudaProfilerStop()
+                print(f"=== {args.package} B{B} T{T} H{H} HV{HV} docs{docs} segment_size={seg}:"
+                      " one step profiled", flush=True)
+                continue
             host, wall = [], []
             for _ in range(args.iters):
                 t0 = time.perf_counter()

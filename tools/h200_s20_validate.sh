@@ -27,9 +27,32 @@ step2() {
     | grep -E "^\[.*(shape|det )|^\| B1" | tee "$LOG/hv32.txt"
 }
 
+# call 3 (~300 s, no carry): Nsight Compute on one det fwd+bwd step at B1 T32768 H16 8 docs
+# (segments of 4096), the default kernels and then the Gluon WY forward (stage wy), with
+# the speed-of-light, occupancy, launch and warp-state sections; the WY probe beside it
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats \
+  --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
+ncu_step() {
+  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  echo "ncu: ${NCU:-none}"
+  [[ -n $NCU ]] || return 1
+  timeout 200 "$NCU" --clock-control none --profile-from-start off $NCU_SECTIONS \
+    python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096 \
+    > "$LOG/ncu_default.txt" 2>&1
+  echo "ncu default exit $?"; grep -E "^  _|^  [a-z_]+kernel|Duration|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible" "$LOG/ncu_default.txt" | head -80
+  GDN_CORE_GLUON=grads,fused_state,wy timeout 120 "$NCU" --clock-control none \
+    --profile-from-start off -k regex:wy $NCU_SECTIONS \
+    python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096 \
+    > "$LOG/ncu_wy_gluon.txt" 2>&1
+  echo "ncu wy exit $?"
+  timeout 90 python3 benchmarks/gluon_wy_probe.py --docs 8 --warps 4 > "$LOG/wy_probe.txt" 2>&1
+  echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
+}
+
 case "${1:-}" in
   1) SUITE_THEN=step2 PROFILE=0 suite_step ;;
   2) step2 ;;
-  *) echo "usage: bash tools/h200_s20_validate.sh 1|2"; exit 2 ;;
+  3) ncu_step ;;
+  *) echo "usage: bash tools/h200_s20_validate.sh 1|2|3"; exit 2 ;;
 esac
 pack "$1"
