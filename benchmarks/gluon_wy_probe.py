@@ -8,9 +8,13 @@ warm-ups; ``--flush-l2`` flushes L2 between iterations). Prints ms per call (wit
 ``A_inv`` and, for the Gluon kernel, also with ``output_A_inv=False``, which skips its
 fp32 write), the ratio, the largest |difference| of ``A_inv``, ``W``, ``U`` between the
 two, and whether two Gluon calls give the same bits; the Gluon kernel at 4 warps (the
-launcher's) and 8 (``--warps``). Needs Triton 3.6's Gluon and an sm_90 GPU::
+launcher's) and 8 (``--warps``), at register caps ``--maxnreg``; both also as the det forward
+calls them (``A_inv_for_backward=True``: the 16-bit inverse the backward reads). Needs
+Triton 3.6's Gluon and an sm_90 GPU::
 
-    python benchmarks/gluon_wy_probe.py [--tokens 32768] [--docs 1,8] [--warps 4,8] [--flush-l2]
+    python benchmarks/gluon_wy_probe.py [--tokens 32768] [--docs 1,8] [--warps 4,8]
+        [--maxnreg none,128]
+        [--flush-l2]
 
 On a machine without one it prints why and exits with status 2.
 """
@@ -54,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warps", default="4,8",
                         help="Gluon kernel warps to time (4: the launcher's pinned one warpgroup; "
                              "8: two warpgroups)")
+    parser.add_argument("--maxnreg", default="none",
+                        help="register caps of the Gluon forward to time (none: ptxas's "
+                             "choice; 128: four CTAs an SM)")
     args = parser.parse_args(argv)
     common.import_workspace_module("gdn_core")
     from gdn_core.ops.gluon import available
@@ -78,23 +85,34 @@ def main(argv: list[str] | None = None) -> int:
         call = (p["k"], p["v"], p["beta"], p["G"], p["index"], p["group"])
         ref = wy_fwd(*call)
         t_tr = time(lambda c=call: wy_fwd(*c))
-        print(f"D{docs}: triton {t_tr:.4f} ms (max|A_inv| {ref[0].abs().max().item():.3e}, "
+        # the det forward's call: the backward's 16-bit inverse too
+        t_tr16 = time(lambda c=call: wy_fwd(*c, A_inv_for_backward=True))
+        print(f"D{docs}: triton {t_tr:.4f} ms, with the 16-bit inverse {t_tr16:.4f} "
+              f"(max|A_inv| {ref[0].abs().max().item():.3e}, "
               f"max|W| {ref[1].float().abs().max().item():.3e})")
-        pinned = gw.GLUON_WY_WARPS
+        pinned = gw.GLUON_WY_WARPS, gw.GLUON_WY_MAXNREG
         try:
             for warps in (int(x) for x in args.warps.split(",")):
-                gw.GLUON_WY_WARPS = warps
-                out = gw.wy_fwd_gluon(*call)
-                again = gw.wy_fwd_gluon(*call)
-                same = all(torch.equal(a, b) for a, b in zip(out, again))
-                diffs = " ".join(f"{n} {_maxdiff(a, b):.3e}"
-                                 for n, a, b in zip(("A_inv", "W", "U"), out, ref))
-                t_gl = time(lambda c=call: gw.wy_fwd_gluon(*c))
-                t_na = time(lambda c=call: gw.wy_fwd_gluon(*c, output_A_inv=False))
-                print(f"D{docs}: gluon warps={warps} {t_gl:.4f} ms (no A_inv {t_na:.4f}) | "
-                      f"gluon/triton {t_gl / t_tr:.3f} | max|diff| {diffs} | repeatable {same}")
+                for cap in args.maxnreg.split(","):
+                    gw.GLUON_WY_WARPS = warps
+                    gw.GLUON_WY_MAXNREG = None if cap == "none" else int(cap)
+                    out = gw.wy_fwd_gluon(*call)
+                    again = gw.wy_fwd_gluon(*call)
+                    a16 = gw.wy_fwd_gluon(*call, A_inv_for_backward=True)
+                    same = (all(torch.equal(a, b) for a, b in zip(out, again))
+                            and torch.equal(a16[0], out[0].to(a16[0].dtype))
+                            and torch.equal(a16[1], out[1]) and torch.equal(a16[2], out[2]))
+                    diffs = " ".join(f"{n} {_maxdiff(a, b):.3e}"
+                                     for n, a, b in zip(("A_inv", "W", "U"), out, ref))
+                    t_gl = time(lambda c=call: gw.wy_fwd_gluon(*c))
+                    t_na = time(lambda c=call: gw.wy_fwd_gluon(*c, output_A_inv=False))
+                    t_16 = time(lambda c=call: gw.wy_fwd_gluon(*c, A_inv_for_backward=True))
+                    print(f"D{docs}: gluon warps={warps} maxnreg={cap} {t_gl:.4f} ms (no A_inv "
+                          f"{t_na:.4f}, 16-bit inverse {t_16:.4f}) | gluon/triton "
+                          f"{t_gl / t_tr:.3f}, with the 16-bit inverse {t_16 / t_tr16:.3f} | "
+                          f"max|diff| {diffs} | repeatable, 16-bit = fp32 rounded {same}")
         finally:
-            gw.GLUON_WY_WARPS = pinned
+            gw.GLUON_WY_WARPS, gw.GLUON_WY_MAXNREG = pinned
     return 0
 
 

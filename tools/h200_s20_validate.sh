@@ -27,26 +27,39 @@ step2() {
     | grep -E "^\[.*(shape|det )|^\| B1" | tee "$LOG/hv32.txt"
 }
 
-# call 3 (~300 s, no carry): Nsight Compute on one det fwd+bwd step at B1 T32768 H16 8 docs
-# (segments of 4096), the default kernels and then the Gluon WY forward (stage wy), with
-# the speed-of-light, occupancy, launch and warp-state sections; the WY probe beside it
+# call 3 (~420 s, no carry): the Gluon WY forward (in-place inverse, 53 KB: four CTAs an
+# SM by shared memory; the 16-bit inverse written by the kernel) -- its GPU tests, the probe
+# at two register caps, det fwd+bwd with stage wy on and off; then Nsight Compute on one
+# det step at B1 T32768 H16 8 docs (segments of 4096), with the speed-of-light, occupancy,
+# launch and warp-state sections, default stages and with wy
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats \
   --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
 ncu_step() {
+  gpu_tests wy_tests.log 150 4 packages/gdn-core/tests/test_gluon_wy_gpu.py \
+    packages/gdn-core/tests/test_gluon_wy_apply_gpu.py
+  timeout 90 python3 benchmarks/gluon_wy_probe.py --docs 1,8 --warps 4 --maxnreg none,128 \
+    > "$LOG/wy_probe.txt" 2>&1
+  echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
+  E2E_TIMEOUT=80 e2e default "B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
+  GDN_CORE_GLUON=grads,fused_state,wy E2E_TIMEOUT=80 e2e wy "B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
   local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   echo "ncu: ${NCU:-none}"
   [[ -n $NCU ]] || return 1
-  timeout 200 "$NCU" --clock-control none --profile-from-start off $NCU_SECTIONS \
+  local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
+  timeout $(( left > 150 ? 120 : left - 30 )) "$NCU" --clock-control none \
+    --profile-from-start off $NCU_SECTIONS \
     python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096 \
     > "$LOG/ncu_default.txt" 2>&1
-  echo "ncu default exit $?"; grep -E "^  _|^  [a-z_]+kernel|Duration|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible" "$LOG/ncu_default.txt" | head -80
-  GDN_CORE_GLUON=grads,fused_state,wy timeout 120 "$NCU" --clock-control none \
+  echo "ncu default exit $?"
+  grep -E "^  [_a-zA-Z].*\(|Duration|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Theoretical Occ" \
+    "$LOG/ncu_default.txt" | cut -c1-110 | head -120
+  left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
+  (( left > 60 )) || return 0
+  GDN_CORE_GLUON=grads,fused_state,wy timeout $(( left - 20 )) "$NCU" --clock-control none \
     --profile-from-start off -k regex:wy $NCU_SECTIONS \
     python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096 \
     > "$LOG/ncu_wy_gluon.txt" 2>&1
   echo "ncu wy exit $?"
-  timeout 90 python3 benchmarks/gluon_wy_probe.py --docs 8 --warps 4 > "$LOG/wy_probe.txt" 2>&1
-  echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
 }
 
 case "${1:-}" in

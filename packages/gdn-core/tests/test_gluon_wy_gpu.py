@@ -5,10 +5,12 @@ documents with short last chunks (every 16-row block edge), grouped heads, bf16 
 fp16, 4 warps (the launcher's) and 8: against the fp32 reference of the stage
 (``reference.wy_ref`` on the rounded inputs; ``A_inv`` 1e-4 relative to its largest
 entry, W/U the Triton kernel's tolerance: fp16 5e-3, bf16 1e-2) and against the Triton
-:func:`~gdn_core.ops.wy.wy_fwd`; bitwise repeatable; ``output_A_inv=False`` and a strided
-``v`` view giving the same bits; each document's bits the same when it is launched
-alone; a non-finite value in one document's rows (the rows a short chunk before it
-reads through TMA) leaving the other documents' bits unchanged; strongly coupled keys.
+:func:`~gdn_core.ops.wy.wy_fwd`; bitwise repeatable; ``output_A_inv=False``,
+``A_inv_for_backward=True`` (the 16-bit inverse rounded in the kernel: the fp32 one's
+bits rounded) and a strided ``v`` view giving the same bits; each document's bits the
+same when it is launched alone; a non-finite value in one document's rows (the rows a
+short chunk before it reads through TMA) leaving the other documents' bits unchanged;
+strongly coupled keys.
 """
 
 from __future__ import annotations
@@ -71,6 +73,11 @@ def test_gluon_wy_matches_reference_triton_and_repeats(lengths, group, dtype, wa
     assert torch.equal(A2, A_inv) and torch.equal(W2, W) and torch.equal(U2, U)
     none, W3, U3 = gw.wy_fwd_gluon(k, v, beta, G, index, group, output_A_inv=False)
     assert none is None and torch.equal(W3, W) and torch.equal(U3, U)
+    # the backward's copy, rounded in the kernel (TMA store of full chunks, masked rows of
+    # short ones): the fp32 inverse's bits rounded, the same W and U
+    a16, W4, U4 = gw.wy_fwd_gluon(k, v, beta, G, index, group, A_inv_for_backward=True)
+    assert a16.dtype == dtype and torch.equal(a16, A_inv.to(dtype))
+    assert torch.equal(W4, W) and torch.equal(U4, U)
     bounds = list(zip(offs[:-1], offs[1:]))
     A_ref, W_ref, U_ref = R.wy_ref(_expand(k, group), v.float(), beta.float(), G, bounds)
     assert max_rel_err(A_inv, A_ref) <= TOL_A

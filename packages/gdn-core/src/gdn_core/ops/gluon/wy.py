@@ -136,6 +136,8 @@ __all__ = ["GLUON_WY_APPLY_WARPS", "GLUON_WY_WARPS", "gluon_wy_apply_supported",
 #: Warps of the kernel (one warpgroup; 8 = two warpgroups splitting the wgmma columns,
 #: the inverse replicated in both).
 GLUON_WY_WARPS = 4
+#: ptxas register cap of the forward kernel (None: ptxas's choice)
+GLUON_WY_MAXNREG: int | None = None
 #: Warps of the apply kernel (one warpgroup; 8 = two, each taking 64 of the 128 columns).
 GLUON_WY_APPLY_WARPS = 4
 #: ptxas register cap of the apply kernel (None: ptxas's choice, 102 at 4 warps, four CTAs
@@ -214,6 +216,7 @@ def _wy_fwd_gluon_kernel(
     v_desc,
     w_desc,
     u_desc,
+    a_desc,
     beta,
     G,
     A_inv,
@@ -267,14 +270,13 @@ def _wy_fwd_gluon_kernel(
     FP3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                 order=[2, 1, 0])
 
-    # --- shared memory
+    # --- shared memory (53 KB: four CTAs an SM)
     k_s = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)  # K, then diag(βe^G) K
     v_s = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)  # V, then diag(β) V
-    a_s = gl.allocate_shared_memory(gl.float32, [BT, BT], FP2)  # A, then A_inv in 16 bits
-    x_s = gl.allocate_shared_memory(gl.float32, [BT, BT], FP2)  # X = A_inv
-    # the diagonal blocks a_b, then X_b: [4, 16, 16] (2-D blocks through a [64, 16] view)
+    # A, inverted in place into X = A_inv; then the 16-bit A_inv (the W/U products' operand)
+    a_s = gl.allocate_shared_memory(gl.float32, [BT, BT], FP2)
+    # the diagonal blocks a_b (2-D blocks through a [64, 16] view)
     d_s = gl.allocate_shared_memory(gl.float32, [4, 16, 16], FP3)
-    xd_s = d_s
     bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(bars.index(i), count=1)
@@ -285,16 +287,16 @@ def _wy_fwd_gluon_kernel(
     mbarrier.expect(bars.index(1), v_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bars.index(1), v_s)
 
-    # --- G, β of the chunk (rows >= n read 0) and X's zero upper blocks, while K flies
+    # --- G, β of the chunk (rows >= n read 0), while K flies
     rows = gl.arange(0, BT, layout=R64)
     cols = gl.arange(0, BT, layout=C64)
     p_s = bos.to(gl.int64) * HV + i_hv
     g_r = gl.load(G + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
     g_c = gl.load(G + p_s + cols * HV, mask=cols < n, other=0.0).to(gl.float32)
     b_r = gl.load(beta + p_s + rows * HV, mask=rows < n, other=0.0).to(gl.float32)
-    x_s.store(gl.zeros([BT, BT], gl.float32, IOF))
 
-    # --- A = strict-lower(β_i exp(G_i − G_j) k_i·k_j), rows < n
+    # --- A = strict-lower(β_i exp(G_i − G_j) k_i·k_j), rows < n (zeros on and above the
+    # diagonal: the upper blocks of X, which the merges read, are these zeros)
     mbarrier.wait(bars.index(0), 0)
     kk = warpgroup_mma(k_s, k_s.permute((1, 0)), gl.zeros([BT, BT], gl.float32, L64),
                        use_acc=False)
@@ -323,44 +325,57 @@ def _wy_fwd_gluon_kernel(
         s = gl.sum(xt * a_i, axis=2)
         xt = gl.where(c3 == i, xt - s[:, :, None], xt)
     gl.thread_barrier()  # every step's read of a_b is done: the tile takes X_b
-    xd_s.store(gl.permute(xt, (0, 2, 1)))  # X_b, rows c, columns m
+    d_s.store(gl.permute(xt, (0, 2, 1)))  # X_b, rows c, columns m
     gl.thread_barrier()
-    for b in gl.static_range(4):
-        x_s.slice(16 * b, 16, 0).slice(16 * b, 16, 1).store(
-            xd_s.reshape([64, 16]).slice(16 * b, 16, 0).load(M16))
+    for b in gl.static_range(4):  # over A's diagonal blocks (a_b was copied out above)
+        a_s.slice(16 * b, 16, 0).slice(16 * b, 16, 1).store(
+            d_s.reshape([64, 16]).slice(16 * b, 16, 0).load(M16))
     gl.thread_barrier()
 
-    # --- X_10 = −X_11 (A_10 X_00), X_32 = −X_33 (A_32 X_22)
+    # --- X_10 = −X_11 (A_10 X_00), X_32 = −X_33 (A_32 X_22): each over its A_10 once
+    # every read of both is done
     z16 = gl.zeros([16, 16], gl.float32, M16)
-    for p in gl.static_range(2):
-        x10 = _fma_pair(a_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1),
-                        x_s.slice(32 * p, 16, 0).slice(32 * p, 16, 1),
-                        x_s.slice(32 * p + 16, 16, 0).slice(32 * p + 16, 16, 1), z16, A16, B16)
-        x_s.slice(32 * p + 16, 16, 0).slice(32 * p, 16, 1).store(x10)
+    x10 = _fma_pair(a_s.slice(16, 16, 0).slice(0, 16, 1), a_s.slice(0, 16, 0).slice(0, 16, 1),
+                    a_s.slice(16, 16, 0).slice(16, 16, 1), z16, A16, B16)
+    x32 = _fma_pair(a_s.slice(48, 16, 0).slice(32, 16, 1), a_s.slice(32, 16, 0).slice(32, 16, 1),
+                    a_s.slice(48, 16, 0).slice(48, 16, 1), z16, A16, B16)
+    gl.thread_barrier()
+    a_s.slice(16, 16, 0).slice(0, 16, 1).store(x10)
+    a_s.slice(48, 16, 0).slice(32, 16, 1).store(x32)
     gl.thread_barrier()
 
-    # --- X_BL = −X_BR (A_BL X_TL)
-    x_bl = _fma_pair(a_s.slice(32, 32, 0).slice(0, 32, 1), x_s.slice(0, 32, 0).slice(0, 32, 1),
-                     x_s.slice(32, 32, 0).slice(32, 32, 1),
+    # --- X_BL = −X_BR (A_BL X_TL), over A_BL
+    x_bl = _fma_pair(a_s.slice(32, 32, 0).slice(0, 32, 1), a_s.slice(0, 32, 0).slice(0, 32, 1),
+                     a_s.slice(32, 32, 0).slice(32, 32, 1),
                      gl.zeros([32, 32], gl.float32, M32), A32, B32)
-    gl.thread_barrier()  # every read of X's bottom-left (zeros) is done
-    x_s.slice(32, 32, 0).slice(0, 32, 1).store(x_bl)
+    gl.thread_barrier()
+    a_s.slice(32, 32, 0).slice(0, 32, 1).store(x_bl)
     gl.thread_barrier()
 
-    # --- A_inv (fp32, rows < n) and its 16-bit copy for the W/U products
-    x = x_s.load(IOF)
-    if STORE_A:
-        ar = gl.arange(0, BT, layout=gl.SliceLayout(1, IOF))
-        ac = gl.arange(0, BT, layout=gl.SliceLayout(0, IOF))
-        gl.store(A_inv + p_s * BT + ar[:, None] * (HV * BT) + ac[None, :], x,
-                 mask=(ar[:, None] < n) & (ac[None, :] < BT))
-    # A is spent: its tile (1024-byte aligned offset) takes the 16-bit A_inv, NVMMA-swizzled
-    x16_s = a_s._reinterpret(dtype, [BT, BT], gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
-    x16_s.store(x.to(dtype))
+    # --- A_inv: fp32 (STORE_A == 32, rows < n) or rounded to the input type (STORE_A ==
+    # 16, the copy the backward reads); either way its 16-bit copy for the W/U products
+    x = a_s.load(IOF)
+    ar = gl.arange(0, BT, layout=gl.SliceLayout(1, IOF))
+    ac = gl.arange(0, BT, layout=gl.SliceLayout(0, IOF))
+    a_offs = p_s * BT + ar[:, None] * (HV * BT) + ac[None, :]
+    a_rows = (ar[:, None] < n) & (ac[None, :] < BT)
+    if STORE_A == 32:
+        gl.store(A_inv + a_offs, x, mask=a_rows)
+    gl.thread_barrier()  # every read of X is done: its tile takes the 16-bit A_inv
+    # (A's tile sits at a 1024-byte aligned offset, 32,768, as the 128-byte swizzle needs)
+    x16_s = a_s._reinterpret(dtype, [BT, BT],
+                             gl.NVMMASharedLayout.get_default_for([BT, BT], dtype))
+    x16 = x.to(dtype)
+    x16_s.store(x16)
     fence_async_shared()
     gl.thread_barrier()
+    if STORE_A == 16:
+        if n == BT:
+            tma.async_copy_shared_to_global(a_desc, [bos, i_hv * BT], x16_s)
+        else:
+            gl.store(A_inv + a_offs, x16, mask=a_rows)
 
-    # --- W = A_inv diag(βe^G) K, U = A_inv diag(β) V
+    # --- W = A_inv diag(βe^G) K, U = A_inv diag(β) V (waits for every TMA store)
     _wu_products(x16_s, k_s, v_s, w_desc, u_desc, W, U, bos, i_hv, HV, n, K, V, IO, L128)
     for i in gl.static_range(2):
         mbarrier.invalidate(bars.index(i))
@@ -525,7 +540,8 @@ def wy_fwd_gluon(
         group: value heads per key head.
         output_A_inv: also return ``A_inv`` (when False the kernel does not write it).
         A_inv_for_backward: return ``A_inv`` as the backward reads it
-            (:func:`~gdn_core.ops.wy.inverse_for_backward`: here a cast after the kernel).
+            (:func:`~gdn_core.ops.wy.inverse_for_backward`): rounded to k's dtype in the
+            kernel, which then writes no fp32 copy.
 
     Returns:
         ``(A_inv, W, U)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of ``(I + A)^{-1}``
@@ -545,19 +561,21 @@ def wy_fwd_gluon(
     dev = k.device
     W = torch.empty(T, HV, _K, dtype=k.dtype, device=dev)
     U = torch.empty(T, HV, _V, dtype=v.dtype, device=dev)
-    A_inv = torch.empty(T if output_A_inv else 0, HV, _BT, dtype=torch.float32, device=dev)
+    store = 0 if not output_A_inv else (16 if A_inv_for_backward else 32)
+    A_inv = torch.empty(T if store else 0, HV, _BT, device=dev,
+                        dtype=k.dtype if store == 16 else torch.float32)
     if index.num_chunks == 0 or HV == 0 or T == 0:
         return (A_inv if output_A_inv else None), W, U
     beta, G = _small_inputs(beta, G)
+    descs = _descriptors(k, v, W, U)
+    # the 16-bit inverse's TMA store (full chunks); otherwise an unused stand-in
+    a_desc = (descriptor(rows_view(A_inv), [_BT, _BT]) if store == 16 else descs["w_desc"])
     _WY_FWD_GLUON_KERNEL[(index.num_chunks, HV)](
-        **_descriptors(k, v, W, U), beta=beta, G=G, A_inv=A_inv, W=W, U=U,
+        **descs, a_desc=a_desc, beta=beta, G=G, A_inv=A_inv, W=W, U=U,
         chunk_start=index.chunk_start, chunk_len=index.chunk_len, HV=HV,
-        GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=output_A_inv, num_warps=GLUON_WY_WARPS,
+        GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=store, num_warps=GLUON_WY_WARPS,
+        maxnreg=GLUON_WY_MAXNREG,
     )
-    if output_A_inv and A_inv_for_backward:
-        from gdn_core.ops.wy import inverse_for_backward
-
-        A_inv = inverse_for_backward(A_inv, k, v)
     return (A_inv if output_A_inv else None), W, U
 
 
