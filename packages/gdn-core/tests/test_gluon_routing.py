@@ -25,7 +25,7 @@ def test_requested(monkeypatch, value, output, grads):
 
 def test_unset_means_the_default_stages(monkeypatch):
     monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
-    want = {"grads", "fused_state"}  # fused_state where a launch has enough programs
+    want = {"grads", "fused_state", "wy"}  # fused_state where a launch has enough programs
     assert {s for s in gluon.STAGES if gluon.requested(s)} == gluon.DEFAULT_STAGES == want
 
 
@@ -147,9 +147,10 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
 def test_the_default_runs_the_gluon_chunk_gradients(monkeypatch):
     """Unset, the variable means :data:`~gdn_core.ops.gluon.DEFAULT_STAGES`: a det
     forward+backward (bf16, K = V = 128, 2 documents, L2 norm) launches the one-tile Gluon
-    chunk-gradient kernel, with the bits of ``GDN_CORE_GLUON=grads``, within bf16 tolerance
-    of ``none`` (the Triton kernels), and nothing else from Gluon (the default
-    ``fused_state`` needs 96 programs: here 2 documents × 2 heads keep the pair)."""
+    chunk-gradient kernel and the Gluon WY forward, with the bits of
+    ``GDN_CORE_GLUON=grads,wy``, within bf16 tolerance of ``none`` (the Triton kernels), and
+    nothing else from Gluon (the default ``fused_state`` needs 96 programs: here 2
+    documents × 2 heads keep the pair)."""
     from gdn_core.autograd import chunk_gdn_autograd
     from gdn_core.ops.registry import record_launches
 
@@ -178,8 +179,8 @@ def test_the_default_runs_the_gluon_chunk_gradients(monkeypatch):
 
     names, got = run(None)
     gluon_names = {n for n in names if n.endswith(("_gluon", "_gluon_pipelined"))}
-    assert gluon_names == {"chunk_grads_bwd_gluon"}, names
-    _, asked = run("grads")
+    assert gluon_names == {"chunk_grads_bwd_gluon", "wy_fwd_gluon"}, names
+    _, asked = run("grads,wy")
     _, triton = run("none")
     for a, b, c in zip(got, asked, triton):
         assert torch.equal(a, b)

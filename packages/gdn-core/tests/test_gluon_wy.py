@@ -36,6 +36,24 @@ def test_unsupported_shapes_and_dtypes_raise_value_error(kw):
         gw.wy_fwd_gluon(*args)
 
 
+def test_register_inverse_keeps_the_triton_kernel(monkeypatch):
+    """``GDN_CORE_WY_INV=reg`` is a variant of the Triton kernel: asked for, the Gluon WY
+    (a default stage) does not serve the call, so the variant runs; a path of no known
+    name raises instead of being ignored."""
+    from gdn_core.switches import WY_INV_ENV
+
+    k, v, _, _, index, _ = _args()
+    monkeypatch.delenv(WY_INV_ENV, raising=False)
+    assert gw.gluon_wy_supported(k, v, index)
+    monkeypatch.setenv(WY_INV_ENV, "subst")
+    assert gw.gluon_wy_supported(k, v, index)
+    monkeypatch.setenv(WY_INV_ENV, "reg")
+    assert not gw.gluon_wy_supported(k, v, index)
+    monkeypatch.setenv(WY_INV_ENV, "fast")
+    with pytest.raises(ValueError):
+        gw.gluon_wy_supported(k, v, index)
+
+
 def test_other_chunk_size_raises_value_error():
     k, v, beta, G, _, group = _args()
     index = ChunkIndex.build([0, 70], "cpu", chunk_size=32)

@@ -9,8 +9,8 @@ kernel, supersedes ``grads``' kernel where both are asked for; ``fused_state``, 
 warp-specialised state backward with ``dv_local`` inside, supersedes the ``dv_local`` +
 ``state_bwd`` pair in :func:`gdn_core.ops.backward.backward_from_recompute`). Unset or empty,
 it means
-:data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``, and
-``fused_state`` where a launch has enough programs:
+:data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``,
+``wy``, and ``fused_state`` where a launch has enough programs:
 :func:`gdn_core.ops.backward.pick_fused_state`);
 ``none`` keeps Triton everywhere. :func:`pick` chooses; elsewhere the Triton kernel runs,
 and a profile or ``record_launches`` shows which ran. A caller may also use a launcher
@@ -66,8 +66,12 @@ STAGES: dict[str, tuple[str, str, str]] = {
 #: ``dv_local`` + ``state_bwd`` pair in both reverse passes, det forward+backward 0.88-0.97x
 #: at five of issue 19's six shapes, taken unasked only where a launch has at least
 #: :data:`gdn_core.ops.backward.FUSED_STATE_MIN_PROGRAMS` programs (session 17,
-#: ``benchmarks/results/2026-12-03-h200-s17.md``). The others were slower.
-DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state"})
+#: ``benchmarks/results/2026-12-03-h200-s17.md``); ``wy``, the WY forward with its inverse
+#: in shared memory and the backward's 16-bit inverse written by the kernel, 0.74x the
+#: Triton kernel's time and det forward+backward 0.89-0.96x at B1 T32768 8 documents
+#: (H16, HV32) (session 20, ``benchmarks/results/2026-12-04-h200-s20.md``; other bits than
+#: the Triton WY, within its tolerance). The others were slower.
+DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy"})
 
 #: stages ``all`` leaves out, run only where named or by default: ``fused_state`` supersedes
 #: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs

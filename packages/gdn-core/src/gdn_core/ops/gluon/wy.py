@@ -1,4 +1,8 @@
-"""Stage 2, the WY representation, in Gluon for Hopper (sm_90a): opt-in, K = V = 128, 16-bit.
+"""Stage 2, the WY representation, in Gluon for Hopper (sm_90a): K = V = 128, 16-bit.
+
+The forward kernel is a default stage (``wy`` in :data:`gdn_core.ops.gluon.DEFAULT_STAGES`,
+session 20: 0.74x the Triton kernel's time as the det forward calls it); the apply kernel
+stays opt-in (slower than Triton's).
 
 Two kernels: :func:`wy_fwd_gluon` (A, its inverse, W, U) and :func:`wy_apply_gluon` (the
 backward's W, U from the stored inverse, no inversion; below, after the forward).
@@ -266,7 +270,7 @@ def _wy_fwd_gluon_kernel(
     B16: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M16, k_width=0)
     A32: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=M32, k_width=0)
     B32: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=M32, k_width=0)
-    FP2: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    FP2: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0])
     FP3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                 order=[2, 1, 0])
 
@@ -460,9 +464,18 @@ _WY_FWD_GLUON_KERNEL = cached_launch(_wy_fwd_gluon_kernel)
 
 def gluon_wy_supported(k: torch.Tensor, v: torch.Tensor, index: ChunkIndex) -> bool:
     """Whether :func:`wy_fwd_gluon` serves these shapes and dtypes (the device is not
-    checked, nor beta/G): K = V = 128, chunks of 64, k and v of one 16-bit dtype."""
+    checked, nor beta/G): K = V = 128, chunks of 64, k and v of one 16-bit dtype, and the
+    register inverse not asked for (``GDN_CORE_WY_INV=reg`` is a variant of the Triton
+    kernel: asking for it keeps the Triton WY).
+
+    Raises:
+        ValueError: ``GDN_CORE_WY_INV`` names no known inverse.
+    """
+    from gdn_core.ops.wy import wy_inverse_choice
+
     return (k.shape[-1] == _K and v.shape[-1] == _V and index.chunk_size == _BT
-            and k.dtype in (torch.bfloat16, torch.float16) and v.dtype == k.dtype)
+            and k.dtype in (torch.bfloat16, torch.float16) and v.dtype == k.dtype
+            and wy_inverse_choice() != "reg")
 
 
 def gluon_wy_apply_supported(k: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor,
@@ -527,8 +540,9 @@ def wy_fwd_gluon(
     output_A_inv: bool = True,
     A_inv_for_backward: bool = False,
 ) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
-    """WY representation of every chunk, by the Gluon kernel (opt-in; the Triton
-    :func:`gdn_core.ops.wy.wy_fwd` is the default, with the same arguments and results).
+    """WY representation of every chunk, by the Gluon kernel (a default stage since session
+    20; the Triton :func:`gdn_core.ops.wy.wy_fwd` takes the same arguments and returns the
+    same results, within rounding: other bits).
 
     Args:
         k: ``[T, H, 128]`` bf16 or fp16 keys; head ``hv // group`` serves value head ``hv``.
