@@ -62,10 +62,26 @@ ncu_step() {
   echo "ncu wy exit $?"
 }
 
+# call 4 (~400 s, carry [".whl-base"]): FlashQLA's base wheels into /tmp (for call 5, made
+# right after), every gpu-marked test with wy a default stage, then the WY probe (the fp32
+# tile swizzled against bank conflicts)
+# call 5 (~450 s, carry [".whl", ".whl-fla"], right after call 4): det against FlashQLA at
+# issue 19's six shapes, host time against fla, KCP world 8 if time is left
+step4() {
+  install_base
+  gpu_tests gpu_tests.log 330 12 packages/gdn-core/tests packages/gdn-det-train/tests \
+    packages/gdn-train/tests packages/gdn-det-train-kcp/tests
+  grep -cE "PASSED" "$LOG/gpu_tests.log"
+  timeout 60 python3 benchmarks/gluon_wy_probe.py --docs 8 --warps 4 > "$LOG/wy_probe.txt" 2>&1
+  echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
+}
+
 case "${1:-}" in
   1) SUITE_THEN=step2 PROFILE=0 suite_step ;;
   2) step2 ;;
   3) ncu_step ;;
-  *) echo "usage: bash tools/h200_s20_validate.sh 1|2|3"; exit 2 ;;
+  4) step4 ;;
+  5) anchors_step ;;
+  *) echo "usage: bash tools/h200_s20_validate.sh 1|2|3|4|5"; exit 2 ;;
 esac
 pack "$1"
