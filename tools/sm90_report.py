@@ -353,6 +353,7 @@ def gluon_wy_reports() -> None:
     HV·V]``; then the Triton ``_wy_kernel`` (inverting, the pinned configuration) beside it."""
     import torch
     from gdn_core.ops.gluon import wy as gw
+    from gdn_core.ops.gluon.tma import descriptor
 
     T, NT, K = 1024, 16, 128
     bf = torch.bfloat16
@@ -361,13 +362,14 @@ def gluon_wy_reports() -> None:
         v = torch.zeros(T, HV, K, dtype=bf)
         i32 = torch.zeros(NT, dtype=torch.int32)
         w = torch.zeros(T, HV, K, dtype=bf)
-        args = dict(gw._descriptors(k, v, w, w), beta=torch.zeros(T, HV, dtype=bf),
-                    G=torch.zeros(T, HV), A_inv=torch.zeros(T, HV, 64), W=w, U=w,
-                    chunk_start=i32, chunk_len=i32, HV=HV)
+        a16 = torch.zeros(T, HV, 64, dtype=bf)  # the 16-bit inverse the det forward asks for
+        args = dict(gw._descriptors(k, v, w, w), a_desc=descriptor(a16.view(T, HV * 64), [64, 64]),
+                    beta=torch.zeros(T, HV, dtype=bf), G=torch.zeros(T, HV), A_inv=a16, W=w,
+                    U=w, chunk_start=i32, chunk_len=i32, HV=HV)
         for warps in (gw.GLUON_WY_WARPS, 8):
             print(f"H={H} HV={HV}")
             report_gluon(gw._wy_fwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=True), num_warps=warps)
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=16), num_warps=warps)
     _wy_triton_report(invert_modes=(True,))
 
 

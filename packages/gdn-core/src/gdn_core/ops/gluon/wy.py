@@ -42,10 +42,18 @@ every intermediate in shared memory and writes ``A_inv`` once, at the end.
      shuffle; 15 dependent steps;
    * ``X_10 = −X_11 (A_10 X_00)``, ``X_32 = −X_33 (A_32 X_22)`` (16×16) and
      ``X_BL = −X_BR (A_BL X_TL)`` (32×32), each a pair of ``gl.dot_fma`` with
-     operands loaded from the shared ``A`` and ``X`` tiles; the upper blocks of
-     ``X`` are zeros written at the start.
-4. ``A_inv`` stored from the shared ``X`` (rows < n, 16-byte stores), rounded to
-   16 bits into an NVMMA tile, and ``W = A_inv16 · Y_K``, then ``U = A_inv16 · Y_V``
+     operands loaded from the one shared tile, which holds ``A`` and takes ``X`` in
+     place: the diagonal blocks ``X_b`` over ``a_b`` (copied out before), each merge's
+     result over the ``A`` block it alone read, after a barrier; the upper blocks are
+     ``A``'s zeros. The tile is swizzled (4-float groups XOR the row mod 8): unswizzled,
+     the merges' operand loads put a column's rows in one bank, and the H200 profile
+     (session 20) had the kernel bound by shared memory (87 % of L1's throughput);
+     swizzled it took 0.233 against 0.327 ms at B1 T32768 H16.
+4. ``A_inv`` stored from ``X``: fp32 (rows < n, 16-byte stores), or (with
+   ``A_inv_for_backward``) rounded to 16 bits by the kernel — a TMA store of the rounded
+   tile for a full chunk, masked rows for a short one: the fp32 one's bits rounded, with no
+   fp32 copy and no cast launch; then rounded to 16 bits into an NVMMA tile, and
+   ``W = A_inv16 · Y_K``, then ``U = A_inv16 · Y_V``
    (:func:`_wu_products`: one ``warpgroup_mma`` each, 64×128, K = 64, both operands in
    shared memory; one accumulator live at a time), each rounded into its operand's
    spent tile and stored from there: a TMA store of the whole tile for a full chunk,
@@ -67,22 +75,18 @@ orders in the substitution and the FMA dots), and so :func:`gdn_core.ops.wy.wy_a
 from this kernel's ``A_inv`` gives W, U within rounding of, not equal to, this
 kernel's.
 
-Shared memory (69,904 B, so three CTAs per SM; 168 registers × 128 threads fit three
-too): K and V tiles (16 KiB each, reused for the W/U operands), ``A`` and ``X`` fp32
-(16 KiB each; ``A``'s tile takes the 16-bit ``A_inv`` once the merges are done, a
-``_reinterpret`` as an NVMMA tile: it sits at a 1024-byte aligned offset, 32,768, as the
-128-byte swizzle needs), the diagonal blocks (4 KiB: ``a_b``, then ``X_b``), barriers.
+Shared memory (53,520 B; 163 registers × 128 threads fit three CTAs per SM, the shared
+memory four; a cap of 128 registers spills 72 B and was not faster on the H200): K and V
+tiles (16 KiB each, reused for the W/U operands), ``A`` / ``X`` fp32 (16 KiB; it takes the
+16-bit ``A_inv`` once the merges are done, a ``_reinterpret`` as an NVMMA tile: it sits at
+a 1024-byte aligned offset, 32,768, as the 128-byte swizzle needs), the diagonal blocks
+(4 KiB: ``a_b``, then ``X_b``), barriers. Session 13's version kept ``X`` in a second
+tile (69,904 B) and always wrote the fp32 inverse (cast to 16 bits by another launch).
 
-Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on one
-(``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_wy``,
-bf16, group 1 and 2 alike)::
+Compiled for sm_90a with Triton 3.6 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python
+tools/sm90_report.py gluon_wy``, bf16, group 1 and 2 alike)::
 
-    warps=4 (the launcher's): 168 registers, 0 spills, 69,904 B shared, 3,008 SASS
-    warps=8:                  165 registers, 0 spills, 69,904 B shared, 2,232 SASS
-                              (one CTA per SM by registers: for comparison only)
-
-(2,928 / 2,168 SASS and 163 registers at 8 warps before the W/U epilogue became
-:func:`_wu_products`, shared with the apply kernel.)
+    warps=4 (the launcher's): 163 registers, 0 spills, 53,520 B shared, 3,048 SASS
 
 against the Triton ``_wy_kernel`` (inverting, 8 warps): 100 registers, 0 spills,
 16,384 B shared, 1,776 SASS instructions. The PTX has 16 ``wgmma.mma_async`` (K Kᵀ
