@@ -22,6 +22,8 @@ reverse state recurrence (bf16, K=V=128, group 1 and 2, BV 128 / 8 warps and 64 
 next to the Triton ``_chunk_state_bwd_kernel`` (its pinned configuration);
 ``... tools/sm90_report.py gluon_wy`` the Gluon WY kernel (bf16, K=V=128, group 1 and 2,
 4 warps and 8) next to the Triton ``_wy_kernel`` (inverting); ``... tools/sm90_report.py
+gluon_fused_fwd`` the warp-specialised Gluon fused forward (bf16, group 1 and 2: registers
+per partition, spills, shared bytes, barriers); ``... tools/sm90_report.py
 gluon_state`` the Gluon chunk-state kernel beside the Triton one (bf16, K=V=128, BV
 64/32/128); ``... tools/sm90_report.py gluon_dv_local`` the Gluon dv_local kernel beside
 the Triton ``_dv_local_kernel`` (bf16, K=V=128, group 1 and 2); ``... tools/sm90_report.py
@@ -373,6 +375,37 @@ def gluon_wy_reports() -> None:
     _wy_triton_report(invert_modes=(True,))
 
 
+def gluon_fused_fwd_reports() -> None:
+    """The warp-specialised Gluon fused forward (:mod:`gdn_core.ops.gluon.fused_fwd`) as its
+    launcher builds it: bf16, K = V = 128, chunks of 64, group 1 and 2, with ``h0`` and the
+    final state, ordered documents; registers per partition (``setmaxnreg``), spills,
+    shared bytes, barriers and wgmma counts."""
+    import torch
+    from gdn_core.ops.gluon import fused_fwd as ff
+
+    T, N, K = 1024, 4, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        w = torch.zeros(T, HV, K, dtype=bf)
+        i32 = torch.zeros(N + 1, dtype=torch.int32)
+        args = dict(ff._descriptors(q, q, w, w, w), G=torch.zeros(T, HV),
+                    h0=torch.zeros(N, HV, K, K), o=w, ht=torch.zeros(N, HV, K, K),
+                    doc_offsets=i32, doc_order=i32, scale=0.5, HV=HV)
+        print(f"H={H} HV={HV} STAGES={ff.GLUON_FUSED_FWD_STAGES} "
+              f"O_REGS={ff.GLUON_FUSED_FWD_O_REGS}")
+        out = report_gluon(ff._fused_fwd_gluon_kernel, args,
+                           dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=ff.GLUON_FUSED_FWD_STAGES,
+                                USE_H0=True, STORE_FINAL=True, O_REGS=ff.GLUON_FUSED_FWD_O_REGS,
+                                ORDERED=True),
+                           num_warps=8, maxnreg=ff._MAXNREG)
+        ptx = out["ptx"]
+        print("  setmaxnreg:", setmaxnreg(ptx),
+              "| bar.sync:", len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
+              "| mbarrier ops:", len(re.findall(r"\bmbarrier\.", ptx)),
+              "| wgmma:", len(re.findall(r"wgmma\.mma_async", ptx)))
+
+
 def gluon_dv_local_reports() -> None:
     """The Gluon dv_local kernel (:mod:`gdn_core.ops.gluon.dv_local`) as its launcher builds
     it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2),
@@ -654,7 +687,8 @@ if __name__ == "__main__":
     modes = {"conv": conv_reports, "bwd": bwd_reports, "gluon": gluon_reports,
              "gluon_grads": gluon_grads_reports, "gluon_grads2": gluon_grads2_reports,
              "gluon_state_bwd": gluon_state_bwd_reports,
-             "gluon_wy": gluon_wy_reports, "gluon_state": gluon_state_reports,
+             "gluon_wy": gluon_wy_reports,
+             "gluon_fused_fwd": gluon_fused_fwd_reports, "gluon_state": gluon_state_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
              "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
              "l2norm": l2norm_reports,

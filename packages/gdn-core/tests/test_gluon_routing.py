@@ -52,6 +52,7 @@ TRITON_LAUNCHERS = {
     "grads2": "gdn_core.ops.chunk_grads_bwd:chunk_grads_bwd",
     # chunk_state_bwd's parameters less dv_local (computed inside)
     "fused_state": "gdn_core.ops.chunk_state_bwd:chunk_state_bwd",
+    "fused_fwd": "gdn_core.ops.chunk_fwd_fused:chunk_fwd_fused",
 }
 
 

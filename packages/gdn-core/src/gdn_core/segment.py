@@ -667,9 +667,12 @@ def segment_fwd_finish(st: SegmentForward, *, output_final_state: bool = False
         o, fin, saved = reference_phases.forward(st, init, output_final_state)
     else:
         if fused_fwd_wanted(st.k_used, s.K, s.V):
+            from gdn_core.ops import gluon
             from gdn_core.ops.chunk_fwd_fused import chunk_fwd_fused
 
-            o, fin = chunk_fwd_fused(
+            fused = gluon.pick("fused_fwd", chunk_fwd_fused, st.q_used, st.k_used, st.W, st.U,
+                               st.index)
+            o, fin = fused(
                 st.q_used, st.k_used, st.W, st.U, st.G, st.scale, st.index, s.group,
                 initial_state=init, output_final_state=output_final_state,
             )

@@ -2,7 +2,7 @@
 
 The environment variable ``GDN_CORE_GLUON`` names the stages (the keys of :data:`STAGES`:
 ``output``, ``grads``, ``grads2``, ``wy``, ``wy_apply``, ``state``, ``state_bwd``,
-``dv_local``, ``fused_state``; comma-separated, ``all`` — every stage but
+``dv_local``, ``fused_state``, ``fused_fwd``; comma-separated, ``all`` — every stage but
 :data:`BY_NAME_ONLY` — or ``none``) whose Gluon kernel
 replaces the Triton one where it serves the call (``grads2``, the persistent chunk-gradient
 kernel, supersedes ``grads``' kernel where both are asked for; ``fused_state``, the
@@ -56,6 +56,9 @@ STAGES: dict[str, tuple[str, str, str]] = {
     # for, it replaces the "dv_local" + "state_bwd" pair where the backward runs both. Its
     # launcher takes chunk_state_bwd's arguments less dv_local.
     "fused_state": ("fused_state_bwd", "fused_state_bwd_gluon", "gluon_fused_state_supported"),
+    # the forward's recurrence and output warp-specialised; asked for, it replaces the Triton
+    # fused forward (chunk_fwd_fused) where that runs, with its arguments
+    "fused_fwd": ("fused_fwd", "chunk_fwd_fused_gluon", "gluon_fused_fwd_supported"),
 }
 
 
@@ -74,8 +77,9 @@ STAGES: dict[str, tuple[str, str, str]] = {
 DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy"})
 
 #: stages ``all`` leaves out, run only where named or by default: ``fused_state`` supersedes
-#: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs
-BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state"})
+#: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs; ``fused_fwd``
+#: (session 20) is compiled and not yet run on the GPU
+BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state", "fused_fwd"})
 
 
 def requested(stage: str) -> bool:
