@@ -10,10 +10,13 @@ random fp32 entry states (the fold's output; their values do not change the timi
 each ``--variants`` override (``BV/num_warps/num_stages``); ``common.time_fn``: CUDA-event
 medians of 20 after 3 warm-ups, ``--flush-l2`` flushes L2 between iterations. Prints ms,
 fused/two-kernel ratio, whether ``o`` and the final state are bitwise the two-kernel path's
-(else the largest |difference|), and whether two fused calls give the same bits::
+(else the largest |difference|), and whether two fused calls give the same bits.
+``--gluon`` also times the warp-specialised Gluon fused forward
+(:func:`~gdn_core.ops.gluon.fused_fwd.chunk_fwd_fused_gluon`, sm_90) against the pinned
+Triton fused kernel, with the same comparisons::
 
     python benchmarks/fused_fwd_probe.py [--tokens 32768] [--docs 1,8] [--segment 4096] \
-        [--variants 64/4/2,64/4/3,32/4/1] [--flush-l2]
+        [--variants 64/4/2,64/4/3,32/4/1] [--gluon] [--flush-l2]
 
 On a machine without a CUDA GPU it prints why and exits with status 2.
 """
@@ -57,7 +60,7 @@ def _diff(a: torch.Tensor, b: torch.Tensor) -> str:
     return f"max|diff| {(a.float() - b.float()).abs().max().item():.3e}"
 
 
-def _probe(p: dict, docs: int, variants: list, timed) -> None:
+def _probe(p: dict, docs: int, variants: list, timed, gluon: bool = False) -> None:
     """Time and compare the two paths on one problem; print a line per fused variant."""
     from gdn_core.ops import chunk_fwd_fused as fm
     from gdn_core.ops.chunk_state import chunk_state_fwd
@@ -99,6 +102,21 @@ def _probe(p: dict, docs: int, variants: list, timed) -> None:
                   f"{_diff(o, o_two)} | final {_diff(fin, fin_two)} | repeatable {same}")
     finally:
         fm.CONFIG_OVERRIDE = None
+    if gluon:
+        from gdn_core.ops.gluon.fused_fwd import chunk_fwd_fused_gluon
+
+        def ws():
+            return chunk_fwd_fused_gluon(q, k, W, U, G, scale, index, 1, initial_state=h0,
+                                         output_final_state=True)
+
+        o_f, fin_f = fused()
+        o, fin = ws()
+        again = ws()
+        same = torch.equal(again[0], o) and torch.equal(again[1], fin)
+        t_f, t = timed(fused), timed(ws)
+        print(f"D{docs}: gluon warp-specialised {t:.4f} ms | gluon/fused {t / t_f:.3f} | o "
+              f"{_diff(o, o_f)} | final {_diff(fin, fin_f)} (against the pinned fused) | "
+              f"repeatable {same}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -108,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--segment", type=int, default=4096)
     parser.add_argument("--variants", default="64/4/2,64/4/3,32/4/1",
                         help="fused BV/num_warps/num_stages overrides to time besides the pinned")
+    parser.add_argument("--gluon", action="store_true",
+                        help="also time the warp-specialised Gluon fused forward (sm_90)")
     parser.add_argument("--flush-l2", action="store_true")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -129,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                               flush_l2=args.flush_l2).median
 
     for docs in (int(x) for x in args.docs.split(",")):
-        _probe(_problem(args.tokens, docs, args.segment), docs, variants, timed)
+        _probe(_problem(args.tokens, docs, args.segment), docs, variants, timed, args.gluon)
     return 0
 
 
