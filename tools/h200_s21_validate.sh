@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The next session's first device call (written in session 20, whose device time ran out
+# after the warp-specialised Gluon fused forward compiled but before it ran):
+#
+#   call 1 (~330 s, no carry):
+#       CALL_LIMIT=560 bash tools/h200_s21_validate.sh 1
+#       the fused forward's GPU tests (bits against the Triton fused forward, walk order,
+#       documents alone, NaN containment), its probe against the Triton fused kernel (1 and
+#       8 documents in segments of 4096), then det fwd+bwd with the stage on and off,
+#       alternating, at B4 T8192, B1 T32768 8 docs and HV32 8 docs
+#   if it is bitwise equal and faster: add "fused_fwd" to DEFAULT_STAGES (and out of
+#   BY_NAME_ONLY), then session 20's calls 4-5 (tools/h200_s20_validate.sh 4, 5): the whole
+#   suite and the anchors
+TAG=s21
+source "$(dirname "$0")/h200_lib.sh"
+
+step1() {
+  gpu_tests fused_fwd_tests.log 150 4 packages/gdn-core/tests/test_gluon_fused_fwd_gpu.py
+  timeout 100 python3 benchmarks/fused_fwd_probe.py --docs 1,8 --variants "" --gluon \
+    > "$LOG/fused_fwd_probe.txt" 2>&1
+  echo "probe exit $?"; cat "$LOG/fused_fwd_probe.txt"
+  local S="B4,T8192,H16;B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
+  local ON=grads,fused_state,wy,fused_fwd
+  E2E_TIMEOUT=80 e2e off1 "$S"
+  GDN_CORE_GLUON=$ON E2E_TIMEOUT=80 e2e on1 "$S"
+  E2E_TIMEOUT=60 e2e off2 "$S"
+  GDN_CORE_GLUON=$ON E2E_TIMEOUT=60 e2e on2 "$S"
+}
+
+case "${1:-}" in
+  1) step1 ;;
+  *) echo "usage: bash tools/h200_s21_validate.sh 1"; exit 2 ;;
+esac
+pack "$1"
