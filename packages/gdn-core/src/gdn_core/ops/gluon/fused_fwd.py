@@ -372,8 +372,10 @@ def chunk_fwd_fused_gluon(
     if initial_state is not None:
         initial_state = initial_state.to(torch.float32).contiguous()
     if T == 0:  # every document is empty: the state passes through
-        if final is not None:
-            final.copy_(initial_state) if initial_state is not None else final.zero_()
+        if final is not None and initial_state is not None:
+            final.copy_(initial_state)
+        elif final is not None:
+            final.zero_()
         return o, final
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     order = ordered_docs(index)
