@@ -6,7 +6,7 @@
 #       CALL_LIMIT=560 bash tools/h200_s21_validate.sh 1
 #       the fused forward's GPU tests (bits against the Triton fused forward, walk order,
 #       documents alone, NaN containment), its probe against the Triton fused kernel (1 and
-#       8 documents in segments of 4096), then det fwd+bwd with the stage on and off,
+#       8 documents in segments of 4096), the WY probe at a 128-register cap, then det fwd+bwd with the stage on and off,
 #       alternating, at B4 T8192, B1 T32768 8 docs and HV32 8 docs
 #   if it is bitwise equal and faster: add "fused_fwd" to DEFAULT_STAGES (and out of
 #   BY_NAME_ONLY), then session 20's calls 4-5 (tools/h200_s20_validate.sh 4, 5): the whole
@@ -19,6 +19,11 @@ step1() {
   timeout 100 python3 benchmarks/fused_fwd_probe.py --docs 1,8 --variants "" --gluon \
     > "$LOG/fused_fwd_probe.txt" 2>&1
   echo "probe exit $?"; cat "$LOG/fused_fwd_probe.txt"
+  # the swizzled WY at a 128-register cap (four CTAs an SM; 72 B of spills): not faster
+  # before the swizzle, when shared memory bound it
+  timeout 60 python3 benchmarks/gluon_wy_probe.py --docs 8 --warps 4 --maxnreg none,128 \
+    > "$LOG/wy_probe.txt" 2>&1
+  echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
   local S="B4,T8192,H16;B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
   local ON=grads,fused_state,wy,fused_fwd
   E2E_TIMEOUT=80 e2e off1 "$S"
