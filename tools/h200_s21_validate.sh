@@ -32,8 +32,27 @@ step1() {
   GDN_CORE_GLUON=$ON E2E_TIMEOUT=60 e2e on2 "$S"
 }
 
+# call 2 (~60 s, carry [".whl-base"]): FlashQLA's base wheels into /tmp (install_base)
+# call 3 (~300 s, carry [".whl", ".whl-fla"], right after call 2): Nsight Compute on one
+# FlashQLA step at B1 T32768 H16 8 equal docs (the per-kernel profile beside ours of session
+# 20: the same sections and inputs), then the anchors (det against FlashQLA) if time is left
+step3() {
+  install_anchors || return 1
+  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base" timeout 200 "$NCU" --clock-control none \
+    --profile-from-start off --section SpeedOfLight --section Occupancy --section LaunchStats \
+    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
+    python3 benchmarks/profile_gdn.py --ncu --package flashqla --shapes 1x32768x16x8 \
+    > "$LOG/ncu_flashqla.txt" 2>&1
+  echo "ncu flashqla exit $?"
+  grep -E "^  [_a-zA-Z].*\(|Duration|Achieved Occupancy|Issue Slots Busy|DRAM Throughput" \
+    "$LOG/ncu_flashqla.txt" | cut -c1-110 | head -60
+}
+
 case "${1:-}" in
   1) step1 ;;
-  *) echo "usage: bash tools/h200_s21_validate.sh 1"; exit 2 ;;
+  2) install_base ;;
+  3) step3 ;;
+  *) echo "usage: bash tools/h200_s21_validate.sh 1|2|3"; exit 2 ;;
 esac
 pack "$1"
