@@ -70,9 +70,9 @@ STAGES: dict[str, tuple[str, str, str]] = {
 #: at five of issue 19's six shapes, taken unasked only where a launch has at least
 #: :data:`gdn_core.ops.backward.FUSED_STATE_MIN_PROGRAMS` programs (session 17,
 #: ``benchmarks/results/2026-12-03-h200-s17.md``); ``wy``, the WY forward with its inverse
-#: in shared memory and the backward's 16-bit inverse written by the kernel, 0.74x the
-#: Triton kernel's time and det forward+backward 0.89-0.96x at B1 T32768 8 documents
-#: (H16, HV32) (session 20, ``benchmarks/results/2026-12-04-h200-s20.md``; other bits than
+#: in a swizzled shared tile and the backward's 16-bit inverse written by the kernel, 0.53x
+#: the Triton kernel's time and det forward+backward 0.92x at B4 T8192 and at B1 T32768 in
+#: 8 documents (session 20, ``benchmarks/results/2026-12-04-h200-s20.md``; other bits than
 #: the Triton WY, within its tolerance). The others were slower.
 DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy"})
 

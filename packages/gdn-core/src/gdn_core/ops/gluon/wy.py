@@ -1,8 +1,8 @@
 """Stage 2, the WY representation, in Gluon for Hopper (sm_90a): K = V = 128, 16-bit.
 
 The forward kernel is a default stage (``wy`` in :data:`gdn_core.ops.gluon.DEFAULT_STAGES`,
-session 20: 0.74x the Triton kernel's time as the det forward calls it); the apply kernel
-stays opt-in (slower than Triton's).
+session 20: 0.53x the Triton kernel's time as the det forward calls it, at B1 T32768 H16);
+the apply kernel stays opt-in (slower than Triton's).
 
 Two kernels: :func:`wy_fwd_gluon` (A, its inverse, W, U) and :func:`wy_apply_gluon` (the
 backward's W, U from the stored inverse, no inversion; below, after the forward).
@@ -278,7 +278,7 @@ def _wy_fwd_gluon_kernel(
     FP3: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1,
                                                 order=[2, 1, 0])
 
-    # --- shared memory (53 KB: four CTAs an SM)
+    # --- shared memory (53 KB; the registers allow three CTAs an SM)
     k_s = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)  # K, then diag(βe^G) K
     v_s = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)  # V, then diag(β) V
     # A, inverted in place into X = A_inv; then the 16-bit A_inv (the W/U products' operand)
