@@ -24,6 +24,11 @@ step1() {
   timeout 60 python3 benchmarks/gluon_wy_probe.py --docs 8 --warps 4 --maxnreg none,128 \
     > "$LOG/wy_probe.txt" 2>&1
   echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
+  # where a det call's host time goes at B1 T1024 (issue 18; the stubbed-launch CPU figure
+  # is ~0.2 ms of it)
+  timeout 60 python3 benchmarks/host_profile_gpu.py --iters 50 --top 30 \
+    > "$LOG/host_profile_T1024.txt" 2>&1
+  echo "host profile exit $?"; grep -E "ms|per step" "$LOG/host_profile_T1024.txt" | head -12
   local S="B4,T8192,H16;B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
   local ON=grads,fused_state,wy,fused_fwd
   E2E_TIMEOUT=80 e2e off1 "$S"
