@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warps", default="4,8",
                         help="Gluon kernel warps to time (4: the launcher's pinned one warpgroup; "
                              "8: two warpgroups)")
+    parser.add_argument("--merge-k", default="32",
+                        help="depths of the 32x32 merge's dot slices to time (32: whole dots, "
+                             "163 registers; 16: 106 registers, four CTAs an SM)")
     parser.add_argument("--maxnreg", default="none",
                         help="register caps of the Gluon forward to time (none: ptxas's "
                              "choice; 128: four CTAs an SM)")
@@ -90,29 +93,33 @@ def main(argv: list[str] | None = None) -> int:
         print(f"D{docs}: triton {t_tr:.4f} ms, with the 16-bit inverse {t_tr16:.4f} "
               f"(max|A_inv| {ref[0].abs().max().item():.3e}, "
               f"max|W| {ref[1].float().abs().max().item():.3e})")
-        pinned = gw.GLUON_WY_WARPS, gw.GLUON_WY_MAXNREG
+        pinned = gw.GLUON_WY_WARPS, gw.GLUON_WY_MAXNREG, gw.GLUON_WY_MERGE_K
+        configs = [(w, c, m) for w in (int(x) for x in args.warps.split(","))
+                   for c in args.maxnreg.split(",") for m in (int(x) for x in
+                                                              args.merge_k.split(","))]
         try:
-            for warps in (int(x) for x in args.warps.split(",")):
-                for cap in args.maxnreg.split(","):
-                    gw.GLUON_WY_WARPS = warps
-                    gw.GLUON_WY_MAXNREG = None if cap == "none" else int(cap)
-                    out = gw.wy_fwd_gluon(*call)
-                    again = gw.wy_fwd_gluon(*call)
-                    a16 = gw.wy_fwd_gluon(*call, A_inv_for_backward=True)
-                    same = (all(torch.equal(a, b) for a, b in zip(out, again))
-                            and torch.equal(a16[0], out[0].to(a16[0].dtype))
-                            and torch.equal(a16[1], out[1]) and torch.equal(a16[2], out[2]))
-                    diffs = " ".join(f"{n} {_maxdiff(a, b):.3e}"
-                                     for n, a, b in zip(("A_inv", "W", "U"), out, ref))
-                    t_gl = time(lambda c=call: gw.wy_fwd_gluon(*c))
-                    t_na = time(lambda c=call: gw.wy_fwd_gluon(*c, output_A_inv=False))
-                    t_16 = time(lambda c=call: gw.wy_fwd_gluon(*c, A_inv_for_backward=True))
-                    print(f"D{docs}: gluon warps={warps} maxnreg={cap} {t_gl:.4f} ms (no A_inv "
-                          f"{t_na:.4f}, 16-bit inverse {t_16:.4f}) | gluon/triton "
-                          f"{t_gl / t_tr:.3f}, with the 16-bit inverse {t_16 / t_tr16:.3f} | "
-                          f"max|diff| {diffs} | repeatable, 16-bit = fp32 rounded {same}")
+            for warps, cap, merge in configs:
+                gw.GLUON_WY_WARPS = warps
+                gw.GLUON_WY_MAXNREG = None if cap == "none" else int(cap)
+                gw.GLUON_WY_MERGE_K = merge
+                out = gw.wy_fwd_gluon(*call)
+                again = gw.wy_fwd_gluon(*call)
+                a16 = gw.wy_fwd_gluon(*call, A_inv_for_backward=True)
+                same = (all(torch.equal(a, b) for a, b in zip(out, again))
+                        and torch.equal(a16[0], out[0].to(a16[0].dtype))
+                        and torch.equal(a16[1], out[1]) and torch.equal(a16[2], out[2]))
+                diffs = " ".join(f"{n} {_maxdiff(a, b):.3e}"
+                                 for n, a, b in zip(("A_inv", "W", "U"), out, ref))
+                t_gl = time(lambda c=call: gw.wy_fwd_gluon(*c))
+                t_na = time(lambda c=call: gw.wy_fwd_gluon(*c, output_A_inv=False))
+                t_16 = time(lambda c=call: gw.wy_fwd_gluon(*c, A_inv_for_backward=True))
+                print(f"D{docs}: gluon warps={warps} maxnreg={cap} merge_k={merge} "
+                      f"{t_gl:.4f} ms (no A_inv "
+                      f"{t_na:.4f}, 16-bit inverse {t_16:.4f}) | gluon/triton "
+                      f"{t_gl / t_tr:.3f}, with the 16-bit inverse {t_16 / t_tr16:.3f} | "
+                      f"max|diff| {diffs} | repeatable, 16-bit = fp32 rounded {same}")
         finally:
-            gw.GLUON_WY_WARPS, gw.GLUON_WY_MAXNREG = pinned
+            gw.GLUON_WY_WARPS, gw.GLUON_WY_MAXNREG, gw.GLUON_WY_MERGE_K = pinned
     return 0
 
 

@@ -6,7 +6,8 @@
 #       CALL_LIMIT=560 bash tools/h200_s21_validate.sh 1
 #       the fused forward's GPU tests (bits against the Triton fused forward, walk order,
 #       documents alone, NaN containment), its probe against the Triton fused kernel (1 and
-#       8 documents in segments of 4096), the WY probe at a 128-register cap, then det fwd+bwd with the stage on and off,
+#       8 documents in segments of 4096), the WY with its merge in slices of 16 (bits, time),
+#       the host profile at B1 T1024, then det fwd+bwd with the stage on and off,
 #       alternating, at B4 T8192, B1 T32768 8 docs and HV32 8 docs
 #   if it is bitwise equal and faster: add "fused_fwd" to DEFAULT_STAGES (and out of
 #   BY_NAME_ONLY), then session 20's calls 4-5 (tools/h200_s20_validate.sh 4, 5): the whole
@@ -19,9 +20,10 @@ step1() {
   timeout 100 python3 benchmarks/fused_fwd_probe.py --docs 1,8 --variants "" --gluon \
     > "$LOG/fused_fwd_probe.txt" 2>&1
   echo "probe exit $?"; cat "$LOG/fused_fwd_probe.txt"
-  # the swizzled WY at a 128-register cap (four CTAs an SM; 72 B of spills): not faster
-  # before the swizzle, when shared memory bound it
-  timeout 60 python3 benchmarks/gluon_wy_probe.py --docs 8 --warps 4 --maxnreg none,128 \
+  # the swizzled WY with its 32x32 merge in slices of 16 (106 registers: four CTAs an SM;
+  # the same bits, tested here too); if faster, GLUON_WY_MERGE_K = 16
+  gpu_tests wy_merge_tests.log 90 2 -k merge_depth packages/gdn-core/tests/test_gluon_wy_gpu.py
+  timeout 60 python3 benchmarks/gluon_wy_probe.py --docs 8 --warps 4 --merge-k 32,16 \
     > "$LOG/wy_probe.txt" 2>&1
   echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
   # where a det call's host time goes at B1 T1024 (issue 18; the stubbed-launch CPU figure

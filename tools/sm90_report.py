@@ -368,10 +368,11 @@ def gluon_wy_reports() -> None:
         args = dict(gw._descriptors(k, v, w, w), a_desc=descriptor(a16.view(T, HV * 64), [64, 64]),
                     beta=torch.zeros(T, HV, dtype=bf), G=torch.zeros(T, HV), A_inv=a16, W=w,
                     U=w, chunk_start=i32, chunk_len=i32, HV=HV)
-        for warps in (gw.GLUON_WY_WARPS, 8):
-            print(f"H={H} HV={HV}")
+        for warps, merge in ((gw.GLUON_WY_WARPS, 32), (gw.GLUON_WY_WARPS, 16), (8, 32)):
+            print(f"H={H} HV={HV} MERGE_K={merge}")
             report_gluon(gw._wy_fwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=16), num_warps=warps)
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=16, MERGE_K=merge),
+                         num_warps=warps)
     _wy_triton_report(invert_modes=(True,))
 
 

@@ -93,6 +93,23 @@ def test_gluon_wy_matches_reference_triton_and_repeats(lengths, group, dtype, wa
             assert (A_inv[start:start + n, :, n:] == 0).all()
 
 
+@pytest.mark.parametrize("lengths", [LENGTHS, LONG[1]], ids=["short", "32k-9docs"])
+def test_gluon_wy_merge_depth_keeps_the_bits(lengths, monkeypatch):
+    """The 32x32 merge's FMA dots in slices of 16 (fewer registers) give the bits of the
+    whole dots: the same FMA chains."""
+    from gdn_core.ops.gluon import wy as gw
+
+    group = 2
+    offs, index, (k, v, beta, G) = _problem(lengths, 2, group, torch.bfloat16, seed=5)
+    want = gw.wy_fwd_gluon(k, v, beta, G, index, group)
+    want16 = gw.wy_fwd_gluon(k, v, beta, G, index, group, A_inv_for_backward=True)
+    monkeypatch.setattr(gw, "GLUON_WY_MERGE_K", 16)
+    got = gw.wy_fwd_gluon(k, v, beta, G, index, group)
+    got16 = gw.wy_fwd_gluon(k, v, beta, G, index, group, A_inv_for_backward=True)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert all(torch.equal(a, b) for a, b in zip(got16, want16))
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gluon_wy_reads_strided_v_in_place(dtype):
     """``v`` as a view of a wider projection (the layer's packed q/k/v): the same bits."""

@@ -87,6 +87,8 @@ Compiled for sm_90a with Triton 3.6 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src
 tools/sm90_report.py gluon_wy``, bf16, group 1 and 2 alike)::
 
     warps=4 (the launcher's): 163 registers, 0 spills, 53,520 B shared, 3,048 SASS
+    warps=4, MERGE_K=16:      106 registers, 0 spills, 53,520 B shared, 3,048 SASS
+                              (the 32x32 merge's dots in two slices each: four CTAs an SM)
 
 against the Triton ``_wy_kernel`` (inverting, 8 warps): 100 registers, 0 spills,
 16,384 B shared, 1,776 SASS instructions. The PTX has 16 ``wgmma.mma_async`` (K Kᵀ
@@ -146,6 +148,13 @@ __all__ = ["GLUON_WY_APPLY_WARPS", "GLUON_WY_WARPS", "gluon_wy_apply_supported",
 GLUON_WY_WARPS = 4
 #: ptxas register cap of the forward kernel (None: ptxas's choice)
 GLUON_WY_MAXNREG: int | None = None
+#: Depth of the contraction slices of the 32x32 merge's two FMA dots: 32 (one dot each,
+#: the operands whole in registers: 163 registers, three CTAs an SM) or 16 (two chained
+#: dots each, the product T through A_BL's block: 106 registers, no spills, four CTAs an SM
+#: by both registers and shared memory; ``gl.dot_fma`` takes K >= 16). The FMA chains are
+#: the same either way (so the bits; the GPU test checks it); which is faster is for the
+#: H200 (``gluon_wy_probe.py --merge-k 32,16``, session 21).
+GLUON_WY_MERGE_K = 32
 #: Warps of the apply kernel (one warpgroup; 8 = two, each taking 64 of the 128 columns).
 GLUON_WY_APPLY_WARPS = 4
 #: ptxas register cap of the apply kernel (None: ptxas's choice, 102 at 4 warps, four CTAs
@@ -238,9 +247,11 @@ def _wy_fwd_gluon_kernel(
     V: gl.constexpr,
     BT: gl.constexpr,
     STORE_A: gl.constexpr,
+    MERGE_K: gl.constexpr = 32,
 ):
     gl.static_assert(BT == 64)
     gl.static_assert(K == V)
+    gl.static_assert((MERGE_K == 16) or (MERGE_K == 32))
     i_c = gl.program_id(0)
     i_hv = gl.program_id(1)
     i_h = i_hv // GROUP
@@ -353,11 +364,26 @@ def _wy_fwd_gluon_kernel(
     gl.thread_barrier()
 
     # --- X_BL = −X_BR (A_BL X_TL), over A_BL
-    x_bl = _fma_pair(a_s.slice(32, 32, 0).slice(0, 32, 1), a_s.slice(0, 32, 0).slice(0, 32, 1),
-                     a_s.slice(32, 32, 0).slice(32, 32, 1),
-                     gl.zeros([32, 32], gl.float32, M32), A32, B32)
+    z32 = gl.zeros([32, 32], gl.float32, M32)
+    bl = a_s.slice(32, 32, 0).slice(0, 32, 1)
+    if MERGE_K == 32:  # both products as one FMA dot each (operands whole in registers)
+        x_bl = _fma_pair(bl, a_s.slice(0, 32, 0).slice(0, 32, 1),
+                         a_s.slice(32, 32, 0).slice(32, 32, 1), z32, A32, B32)
+    else:  # in MERGE_K-deep slices of the contraction: the same FMA chains, fewer registers
+        t = z32
+        for kc in gl.static_range(0, 32, MERGE_K):
+            t = gl.dot_fma(bl.slice(kc, MERGE_K, 1).load(A32),
+                           a_s.slice(kc, MERGE_K, 0).slice(0, 32, 1).load(B32), t)
+        gl.thread_barrier()  # every read of A_BL is done: its block holds T = A_BL X_TL
+        bl.store(t)
+        gl.thread_barrier()
+        x_bl = z32
+        for kc in gl.static_range(0, 32, MERGE_K):
+            x_bl = gl.dot_fma(a_s.slice(32, 32, 0).slice(32 + kc, MERGE_K, 1).load(A32),
+                              bl.slice(kc, MERGE_K, 0).load(B32), x_bl)
+        x_bl = -x_bl
     gl.thread_barrier()
-    a_s.slice(32, 32, 0).slice(0, 32, 1).store(x_bl)
+    bl.store(x_bl)
     gl.thread_barrier()
 
     # --- A_inv: fp32 (STORE_A == 32, rows < n) or rounded to the input type (STORE_A ==
@@ -591,8 +617,8 @@ def wy_fwd_gluon(
     _WY_FWD_GLUON_KERNEL[(index.num_chunks, HV)](
         **descs, a_desc=a_desc, beta=beta, G=G, A_inv=A_inv, W=W, U=U,
         chunk_start=index.chunk_start, chunk_len=index.chunk_len, HV=HV,
-        GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=store, num_warps=GLUON_WY_WARPS,
-        maxnreg=GLUON_WY_MAXNREG,
+        GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=store, MERGE_K=GLUON_WY_MERGE_K,
+        num_warps=GLUON_WY_WARPS, maxnreg=GLUON_WY_MAXNREG,
     )
     return (A_inv if output_A_inv else None), W, U
 
