@@ -16,7 +16,8 @@
 #                      KCP world 8 if 100 s of CALL_LIMIT are left
 #   gpu_tests LOGFILE SECONDS WORKERS PATH...
 #                      the gpu-marked tests of PATH... (pytest args) into $LOG/LOGFILE, then
-#                      their exit status and summary lines
+#                      their exit status and summary lines; returns pytest's status (124:
+#                      timed out)
 #   kcp_in_time WORLDS [EXTRA] [MIN]
 #                      simulated KCP (B1 T65536 H16 16 docs, 20 iterations, EXTRA appended
 #                      to the benchmark's options) at each world of WORLDS while more than
@@ -96,7 +97,9 @@ gpu_tests() {
   shift 3
   timeout "$secs" python3 -m pytest -v -n "$workers" -m gpu -p no:cacheprovider \
     -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra "$@" > "$LOG/$log" 2>&1
-  echo "tests exit $?"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/$log" | tail -15
+  local rc=$?
+  echo "tests exit $rc"; grep -E "^(FAILED|ERROR) |passed|failed" "$LOG/$log" | tail -15
+  return $rc
 }
 
 kcp_in_time() {

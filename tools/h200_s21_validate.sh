@@ -17,6 +17,16 @@ source "$(dirname "$0")/h200_lib.sh"
 
 step1() {
   gpu_tests fused_fwd_tests.log 150 4 packages/gdn-core/tests/test_gluon_fused_fwd_gpu.py
+  local rc=$?
+  if (( rc == 124 )); then  # a hang (an mbarrier wait that never completes): skip its runs
+    echo "the fused forward's tests timed out: its probe and A/B skipped"
+  else
+    fused_fwd_runs
+  fi
+  wy_and_host_runs
+}
+
+fused_fwd_runs() {
   timeout 100 python3 benchmarks/fused_fwd_probe.py --docs 1,8 --variants "" --gluon \
     > "$LOG/fused_fwd_probe.txt" 2>&1
   echo "probe exit $?"; cat "$LOG/fused_fwd_probe.txt"
@@ -26,6 +36,9 @@ step1() {
   GDN_CORE_GLUON=$ON E2E_TIMEOUT=80 e2e on1 "$S"
   E2E_TIMEOUT=60 e2e off2 "$S"
   GDN_CORE_GLUON=$ON E2E_TIMEOUT=60 e2e on2 "$S"
+}
+
+wy_and_host_runs() {
   # the swizzled WY with its 32x32 merge in slices of 16 (106 registers: four CTAs an SM;
   # the same bits, tested here too); if faster, GLUON_WY_MERGE_K = 16
   gpu_tests wy_merge_tests.log 90 2 -k merge_depth packages/gdn-core/tests/test_gluon_wy_gpu.py
@@ -44,7 +57,7 @@ step1() {
 # call 2 (~60 s, carry [".whl-base"]): FlashQLA's base wheels into /tmp (install_base)
 # call 3 (~300 s, carry [".whl", ".whl-fla"], right after call 2): Nsight Compute on one
 # FlashQLA step at B1 T32768 H16 8 equal docs (the per-kernel profile beside ours of session
-# 20: the same sections and inputs), then the anchors (det against FlashQLA) if time is left
+# 20: the same sections and inputs); the anchors themselves: session 20's call 5 pattern
 step3() {
   install_anchors || return 1
   local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
