@@ -48,6 +48,16 @@ is loaded masked. So a document's results depend on its own rows only.
 Shared memory (bf16): the ring 2 × (q, k, W, U) = 128 KiB, ``h_c`` 32 KiB, ``vo`` 16 KiB,
 the output's staging tile 16 KiB: ≈ 192 KiB, one CTA an SM. Determinism: no atomics, one
 CTA owns each output, every reduction in a fixed order.
+
+Compiled for sm_90a with Triton 3.6 on a machine without a GPU, **not yet run on one**
+(session 20; ``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py
+gluon_fused_fwd``, bf16, group 1 and 2 alike)::
+
+    setmaxnreg S 176 / O 152 (12 warps at maxnreg 168), 4 B of spills, 196,924 B shared,
+    2,032 SASS, 42 bar.sync, 32 wgmma
+
+``tools/h200_s21_validate.sh 1`` runs its GPU tests, ``benchmarks/fused_fwd_probe.py
+--gluon`` and the end-to-end A/B.
 """
 
 from __future__ import annotations
