@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gdn_core import reference as R
 from gdn_core.chunking import ChunkIndex
-from gdn_core.testkit import offsets_of
+from gdn_core.testkit import offsets_of, state_fwd_inputs
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -25,25 +24,16 @@ LENGTHS = [1, 63, 64, 65, 0, 200, 777]
 
 
 def _problem(lengths, H, group, dtype, seed=0):
-    from gdn_core.ops.cumsum import chunk_cumsum_fwd
+    """``testkit.state_fwd_inputs`` on the GPU: offsets, the chunk table, ``(q, k, W, U, G)``
+    and ``h0``."""
     from gdn_core.ops.gluon import available
-    from gdn_core.ops.wy import wy_fwd
 
     if not available():
         pytest.skip("Gluon on an sm_90 GPU is not available here")
-    gen = torch.Generator().manual_seed(seed)
+    p = state_fwd_inputs(lengths, H, H * group, 128, 128, dtype, seed=seed)
     offs = offsets_of(lengths)
-    T, HV, D = offs[-1], H * group, 128
-    index = ChunkIndex.build(offs, "cuda")
-    q = torch.randn(T, H, D, generator=gen).to("cuda", dtype)
-    k = R.l2_normalize(torch.randn(T, H, D, generator=gen)).to("cuda", dtype)
-    v = torch.randn(T, HV, D, generator=gen).to("cuda", dtype)
-    beta = torch.rand(T, HV, generator=gen).to("cuda", dtype)
-    g = torch.nn.functional.logsigmoid(torch.randn(T, HV, generator=gen)).cuda()
-    G = chunk_cumsum_fwd(g, index)
-    _, W, U = wy_fwd(k, v, beta, G, index, group)
-    h0 = torch.randn(len(lengths), HV, D, D, generator=gen).cuda() * 0.1
-    return offs, index, (q, k, W, U, G), h0
+    args = tuple(p[x].cuda() for x in ("q", "k", "W", "U", "G"))
+    return offs, ChunkIndex.build(offs, "cuda"), args, p["h0"].cuda()
 
 
 def _both(args, index, group, h0):

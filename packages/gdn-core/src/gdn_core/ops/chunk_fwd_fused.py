@@ -39,7 +39,7 @@ from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
-__all__ = ["chunk_fwd_fused", "chunk_fwd_fused_config"]
+__all__ = ["check_fused_fwd_shapes", "chunk_fwd_fused", "chunk_fwd_fused_config"]
 
 
 @triton.jit
@@ -189,6 +189,34 @@ _OVERRIDABLE = ("BV", "num_warps", "num_stages")
 _CHUNK_FWD_FUSED_KERNEL = cached_launch(_chunk_fwd_fused_kernel)
 
 
+def check_fused_fwd_shapes(q: torch.Tensor, k: torch.Tensor, W: torch.Tensor,
+                           U: torch.Tensor, G: torch.Tensor, index: ChunkIndex,
+                           group: int) -> None:
+    """The shape checks of the fused forward's launchers (this one and the Gluon
+    :func:`~gdn_core.ops.gluon.fused_fwd.chunk_fwd_fused_gluon`): ``q, k`` ``[T, H, K]``,
+    ``W`` ``[T, HV, K]``, ``U`` ``[T, HV, ·]``, ``G`` ``[T, HV]``, ``HV = H · group``, ``T``
+    the index's tokens.
+
+    Raises:
+        ValueError: a shape that does not match (``"shape mismatch: …"``).
+    """
+    T, H, K = k.shape
+    HV = U.shape[1]
+    if (
+        tuple(q.shape) != (T, H, K)
+        or tuple(W.shape) != (T, HV, K)
+        or U.shape[0] != T
+        or HV != H * group
+        or tuple(G.shape) != (T, HV)
+        or T != index.total_tokens
+    ):
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, W {tuple(W.shape)}, "
+            f"U {tuple(U.shape)}, G {tuple(G.shape)}, group {group}, "
+            f"index tokens {index.total_tokens}"
+        )
+
+
 @launcher(uses_atomics=False, kernels=(_chunk_fwd_fused_kernel,))
 def chunk_fwd_fused(
     q: torch.Tensor,
@@ -228,22 +256,10 @@ def chunk_fwd_fused(
         ValueError: on mismatched shapes or dtypes, or ``K``/``V`` not a multiple of 16
             in ``[16, 256]``.
     """
+    check_fused_fwd_shapes(q, k, W, U, G, index, group)
     T, H, K = k.shape
     HV, V = U.shape[1], U.shape[2]
     N = index.num_docs
-    if (
-        tuple(q.shape) != (T, H, K)
-        or tuple(W.shape) != (T, HV, K)
-        or U.shape[0] != T
-        or HV != H * group
-        or tuple(G.shape) != (T, HV)
-        or T != index.total_tokens
-    ):
-        raise ValueError(
-            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, W {tuple(W.shape)}, "
-            f"U {tuple(U.shape)}, G {tuple(G.shape)}, group {group}, "
-            f"index tokens {index.total_tokens}"
-        )
     if q.dtype != k.dtype:
         raise ValueError(f"q and k must share a dtype, got {q.dtype} and {k.dtype}")
     for name, d in (("K", K), ("V", V)):

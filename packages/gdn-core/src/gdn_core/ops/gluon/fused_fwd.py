@@ -65,6 +65,8 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex, ordered_docs
+from gdn_core.ops.chunk_fwd_fused import check_fused_fwd_shapes
+from gdn_core.ops.gluon.fused_state_bwd import _doc_span
 from gdn_core.ops.gluon.lang import (
     fence_async_shared,
     gl,
@@ -88,14 +90,6 @@ GLUON_FUSED_FWD_STAGES = 2
 GLUON_FUSED_FWD_O_REGS = 152
 _MAXNREG = 168  # 12 warps · 32 threads · 168 ≤ 64 K
 _BT, _K, _V = 64, 128, 128
-
-
-@gluon.jit
-def _span(doc_offsets, i_n, BT: gl.constexpr):
-    """``(bos, eos, n_chunks)`` of document ``i_n``."""
-    bos = gl.load(doc_offsets + i_n)
-    eos = gl.load(doc_offsets + i_n + 1)
-    return bos, eos, gl.cdiv(eos - bos, BT)
 
 
 @gluon.jit
@@ -126,7 +120,7 @@ def _chain_partition(q_desc, k_desc, w_desc, u_desc, q_s, k_s, w_s, u_s, h_s, vo
     IO: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[8, 1], order=[1, 0])
     RIO: gl.constexpr = gl.SliceLayout(1, IO)
-    bos, eos, n_chunks = _span(doc_offsets, i_n, BT)
+    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
 
     for j in gl.static_range(STAGES):
         if j < n_chunks:
@@ -200,7 +194,7 @@ def _output_partition(q_s, k_s, h_s, vo_s, o_s, ld_ready, h_ready, vo_ready, o_f
     A16: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=OL, k_width=2)
     G1: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
                                         warps_per_cta=[4], order=[0])
-    bos, eos, n_chunks = _span(doc_offsets, i_n, BT)
+    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
     ri = gl.arange(0, BT, layout=gl.SliceLayout(1, AL))
     cj = gl.arange(0, BT, layout=gl.SliceLayout(0, AL))
     ro = gl.arange(0, BT, layout=gl.SliceLayout(1, OL))
@@ -352,15 +346,10 @@ def chunk_fwd_fused_gluon(
             int32 coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
+    check_fused_fwd_shapes(q, k, W, U, G, index, group)
     T, H, K = k.shape
     HV, V = U.shape[1], U.shape[2]
     N = index.num_docs
-    if (tuple(q.shape) != (T, H, K) or tuple(W.shape) != (T, HV, K) or U.shape[0] != T
-            or HV != H * group or tuple(G.shape) != (T, HV) or T != index.total_tokens):
-        raise ValueError(
-            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, W {tuple(W.shape)}, "
-            f"U {tuple(U.shape)}, G {tuple(G.shape)}, group {group}, "
-            f"index tokens {index.total_tokens}")
     if (K, V) != (_K, _V) or index.chunk_size != _BT:
         raise ValueError(f"the Gluon fused forward serves K = V = {_K} and chunks of {_BT}, "
                          f"got K={K}, V={V}, chunk size {index.chunk_size}")
