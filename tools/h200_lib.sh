@@ -22,6 +22,10 @@
 #                      simulated KCP (B1 T65536 H16 16 docs, 20 iterations, EXTRA appended
 #                      to the benchmark's options) at each world of WORLDS while more than
 #                      MIN (100) s of CALL_LIMIT are left, each into $LOG/kcp_w<W>/
+#   ncu_run SECONDS LOGFILE ARGS...
+#                      Nsight Compute (on PATH or under /opt/nvidia) with the clocks left
+#                      alone, --profile-from-start off and NCU_SECTIONS, on ARGS (ncu
+#                      options, then the command) into $LOG/LOGFILE; its status (1: no ncu)
 #   pack STEP          $LOG into $OUT/<TAG>_<STEP>.tgz (what comes back)
 set -u
 export PYTHONUNBUFFERED=1
@@ -112,6 +116,19 @@ kcp_in_time() {
     OUT=$LOG/kcp_w$W STAGES=kcp KCP_WORLDS="$W" KCP_TIMEOUT=$(( left - 20 )) \
       KCP_EXTRA="--warmup 3 --iters 20 ${2:-}" bash tools/h200_validate.sh
   done
+}
+
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats \
+  --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
+
+ncu_run() {
+  local secs=$1 log=$2 ncu
+  shift 2
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [[ -n $ncu ]] || { echo "no ncu here"; return 1; }
+  # shellcheck disable=SC2086 # NCU_SECTIONS is a list of options
+  timeout "$secs" "$ncu" --clock-control none --profile-from-start off $NCU_SECTIONS "$@" \
+    > "$LOG/$log" 2>&1
 }
 
 pack() {

@@ -32,8 +32,6 @@ step2() {
 # at two register caps, det fwd+bwd with stage wy on and off; then Nsight Compute on one
 # det step at B1 T32768 H16 8 docs (segments of 4096), with the speed-of-light, occupancy,
 # launch and warp-state sections, default stages and with wy
-NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats \
-  --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis"
 ncu_step() {
   gpu_tests wy_tests.log 150 4 packages/gdn-core/tests/test_gluon_wy_gpu.py \
     packages/gdn-core/tests/test_gluon_wy_apply_gpu.py
@@ -42,23 +40,16 @@ ncu_step() {
   echo "wy probe exit $?"; cat "$LOG/wy_probe.txt"
   E2E_TIMEOUT=80 e2e default "B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
   GDN_CORE_GLUON=grads,fused_state,wy E2E_TIMEOUT=80 e2e wy "B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
-  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  echo "ncu: ${NCU:-none}"
-  [[ -n $NCU ]] || return 1
   local left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
-  timeout $(( left > 150 ? 120 : left - 30 )) "$NCU" --clock-control none \
-    --profile-from-start off $NCU_SECTIONS \
-    python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096 \
-    > "$LOG/ncu_default.txt" 2>&1
+  ncu_run $(( left > 150 ? 120 : left - 30 )) ncu_default.txt \
+    python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096
   echo "ncu default exit $?"
   grep -E "^  [_a-zA-Z].*\(|Duration|Achieved Occupancy|Registers Per|Issue Slots Busy|No Eligible|Theoretical Occ" \
     "$LOG/ncu_default.txt" | cut -c1-110 | head -120
   left=$(( ${CALL_LIMIT:-585} - ($(date +%s) - START) ))
   (( left > 60 )) || return 0
-  GDN_CORE_GLUON=grads,fused_state,wy timeout $(( left - 20 )) "$NCU" --clock-control none \
-    --profile-from-start off -k regex:wy $NCU_SECTIONS \
-    python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096 \
-    > "$LOG/ncu_wy_gluon.txt" 2>&1
+  GDN_CORE_GLUON=grads,fused_state,wy ncu_run $(( left - 20 )) ncu_wy_gluon.txt -k regex:wy \
+    python3 benchmarks/profile_gdn.py --ncu --shapes 1x32768x16x8 --segments 4096
   echo "ncu wy exit $?"
 }
 

@@ -60,12 +60,8 @@ wy_and_host_runs() {
 # 20: the same sections and inputs); the anchors themselves: session 20's call 5 pattern
 step3() {
   install_anchors || return 1
-  local NCU; NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base" timeout 200 "$NCU" --clock-control none \
-    --profile-from-start off --section SpeedOfLight --section Occupancy --section LaunchStats \
-    --section WarpStateStats --section SchedulerStats --section ComputeWorkloadAnalysis \
-    python3 benchmarks/profile_gdn.py --ncu --package flashqla --shapes 1x32768x16x8 \
-    > "$LOG/ncu_flashqla.txt" 2>&1
+  PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base" ncu_run 200 ncu_flashqla.txt \
+    python3 benchmarks/profile_gdn.py --ncu --package flashqla --shapes 1x32768x16x8
   echo "ncu flashqla exit $?"
   grep -E "^  [_a-zA-Z].*\(|Duration|Achieved Occupancy|Issue Slots Busy|DRAM Throughput" \
     "$LOG/ncu_flashqla.txt" | cut -c1-110 | head -60

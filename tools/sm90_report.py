@@ -215,6 +215,15 @@ def setmaxnreg(ptx: str) -> list[tuple[str, str]]:
     return re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx)
 
 
+def print_specialised(ptx: str) -> None:
+    """One line of a warp-specialised kernel's PTX figures: its ``setmaxnreg`` list and its
+    counts of ``bar.sync``, mbarrier operations and ``wgmma``."""
+    print("  setmaxnreg:", setmaxnreg(ptx),
+          "| bar.sync:", len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
+          "| mbarrier ops:", len(re.findall(r"\bmbarrier\.", ptx)),
+          "| wgmma:", len(re.findall(r"wgmma\.mma_async", ptx)))
+
+
 def gluon_grads_reports() -> None:
     """The Gluon chunk-gradient kernel (:mod:`gdn_core.ops.gluon.chunk_grads`) as its launcher
     builds it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1, ``dq``/``dk`` rounded
@@ -400,11 +409,7 @@ def gluon_fused_fwd_reports() -> None:
                                 USE_H0=True, STORE_FINAL=True, O_REGS=ff.GLUON_FUSED_FWD_O_REGS,
                                 ORDERED=True),
                            num_warps=8, maxnreg=ff._MAXNREG)
-        ptx = out["ptx"]
-        print("  setmaxnreg:", setmaxnreg(ptx),
-              "| bar.sync:", len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
-              "| mbarrier ops:", len(re.findall(r"\bmbarrier\.", ptx)),
-              "| wgmma:", len(re.findall(r"wgmma\.mma_async", ptx)))
+        print_specialised(out["ptx"])
 
 
 def gluon_dv_local_reports() -> None:
@@ -604,12 +609,7 @@ def fused_state_reports() -> None:
                      DSTAGES=fs.GLUON_FUSED_STATE_DSTAGES, USE_DHT=True, HAS_NEED=has_need,
                      STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, ORDERED=ordered),
                 num_warps=8, maxnreg=fs._MAXNREG)
-            ptx = out["ptx"]
-            regs = setmaxnreg(ptx)
-            print("  setmaxnreg:", regs,
-                  "| bar.sync:", len(re.findall(r"\bbar\.sync\b|\bbarrier\.sync\b", ptx)),
-                  "| mbarrier ops:", len(re.findall(r"\bmbarrier\.", ptx)),
-                  "| wgmma:", len(re.findall(r"wgmma\.mma_async", ptx)))
+            print_specialised(out["ptx"])
 
 
 def conv_reports() -> None:
