@@ -66,7 +66,7 @@ import torch
 
 from gdn_core.chunking import ChunkIndex, ordered_docs
 from gdn_core.ops.chunk_fwd_fused import check_fused_fwd_shapes
-from gdn_core.ops.gluon.fused_state_bwd import _doc_span
+from gdn_core.ops.gluon.fused_state_bwd import _doc_program, _doc_span
 from gdn_core.ops.gluon.lang import (
     fence_async_shared,
     gl,
@@ -249,10 +249,7 @@ def _fused_fwd_gluon_kernel(
 ):
     gl.static_assert(STAGES >= 1)
     i_hv = gl.program_id(0)
-    if ORDERED:  # the launch's documents longest first (the blocks start in grid order)
-        i_n = gl.load(doc_order + gl.program_id(1))
-    else:
-        i_n = gl.program_id(1)
+    i_n = _doc_program(doc_order, ORDERED)
     i_h = i_hv // GROUP
     dtype: gl.constexpr = q_desc.dtype
 

@@ -155,6 +155,18 @@ def _doc_span(doc_offsets, i_n, BT: gl.constexpr):
 
 
 @gluon.jit
+def _doc_program(doc_order, ORDERED: gl.constexpr):
+    """The document of this program on a ``(value heads, documents)`` grid: program 1's
+    index, or with ``ORDERED`` its entry of ``doc_order`` (the launch's documents longest
+    first: the blocks start in grid order). The Gluon twin of
+    :func:`gdn_core.ops.doc_walk.doc_program`."""
+    if ORDERED:
+        return gl.load(doc_order + gl.program_id(1))
+    else:
+        return gl.program_id(1)
+
+
+@gluon.jit
 def _issue_loads(q_desc, k_desc, w_desc, do_desc, bar, q_s, k_s, w_s, do_s, t0, tk, tw, tv):
     """The four TMA loads of one chunk into one ring stage, on its mbarrier."""
     mbarrier.expect(bar, 3 * q_desc.block_type.nbytes + do_desc.block_type.nbytes)
@@ -365,10 +377,7 @@ def _fused_state_bwd_gluon_kernel(
     gl.static_assert(STAGES >= 2)
     gl.static_assert(DSTAGES >= 1)
     i_hv = gl.program_id(0)
-    if ORDERED:  # the launch's documents longest first (the blocks start in grid order)
-        i_n = gl.load(doc_order + gl.program_id(1))
-    else:
-        i_n = gl.program_id(1)
+    i_n = _doc_program(doc_order, ORDERED)
     i_h = i_hv // GROUP
     if HAS_NEED:
         if gl.load(need + i_n) == 0:
