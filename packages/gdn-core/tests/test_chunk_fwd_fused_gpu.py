@@ -109,11 +109,24 @@ def test_fused_documents_are_independent():
         assert torch.equal(o1, o[sl]) and torch.equal(f1[0], fin[d]), f"document {d}"
 
 
+@pytest.mark.parametrize("gluon_env, fused_name", [
+    (None, "chunk_fwd_fused_gluon"),  # the default: the warp-specialised Gluon fused forward
+    ("none", "chunk_fwd_fused"),      # Triton everywhere
+], ids=["default", "triton"])
 @pytest.mark.parametrize("lengths", [[8192], LENGTHS], ids=["1doc-8k-2segments", "packed-4k"])
-def test_det_api_switch_on_is_switch_off_bitwise(lengths, monkeypatch):
+def test_det_api_switch_on_is_switch_off_bitwise(lengths, gluon_env, fused_name, monkeypatch):
+    """The fused forward (the Gluon kernel by default, the Triton one with
+    ``GDN_CORE_GLUON=none``) gives the bits of the two kernels it replaces, outputs and
+    gradients."""
     det = pytest.importorskip("gdn_det_train")
     from gdn_core import segment
+    from gdn_core.ops import gluon
     from gdn_core.ops.registry import record_launches
+
+    if gluon_env is None:
+        monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    else:
+        monkeypatch.setenv(gluon.GLUON_ENV, gluon_env)
 
     gen = torch.Generator().manual_seed(5)
     T, H = sum(lengths), 4
@@ -142,12 +155,12 @@ def test_det_api_switch_on_is_switch_off_bitwise(lengths, monkeypatch):
     names_off, off = run()
     monkeypatch.setenv(segment.FUSED_FWD_ENV, "1")
     names_on, on = run()
-    assert "chunk_fwd_fused" in names_on and "chunk_fwd_fused" not in names_off
+    assert fused_name in names_on and fused_name not in names_off
     assert "chunk_output_fwd" in names_off and "chunk_output_fwd" not in names_on
     for name, a, b in zip(("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"), on, off):
         assert torch.equal(a, b), f"{name}: max|diff| {(a.float() - b.float()).abs().max():.3e}"
     assert all(torch.equal(a, b) for a, b in zip(run()[1], on))  # repeatable with it on
     monkeypatch.delenv(segment.FUSED_FWD_ENV)
     names_default, default = run()  # unset: the default for bf16 K = V = 128 is the fused one
-    assert "chunk_fwd_fused" in names_default
+    assert fused_name in names_default
     assert all(torch.equal(a, b) for a, b in zip(default, on))

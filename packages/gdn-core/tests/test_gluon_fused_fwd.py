@@ -1,6 +1,6 @@
 """The warp-specialised Gluon fused forward (``gdn_core.ops.gluon.fused_fwd``) without a
-GPU: it imports, it is declared atomic-free and opt-in (named only: ``all`` and the default
-leave it out), it refuses what it does not serve (``ValueError``) and devices it cannot run
+GPU: it imports, it is declared atomic-free and a default stage that ``all`` leaves out
+(``all`` means the unfused forward's Gluon stages), it refuses what it does not serve (``ValueError``) and devices it cannot run
 on (``RuntimeError``) before compiling anything, and the forward asks for it only where the
 Triton fused forward runs. The kernel itself: ``test_gluon_fused_fwd_gpu.py``."""
 
@@ -22,11 +22,13 @@ def _args(T=70, H=1, group=2, K=128, V=128, dtype=torch.bfloat16, u_dtype=None):
             torch.zeros(T, HV), 0.5, index, group)
 
 
-def test_declared_atomic_free_and_named_only(monkeypatch):
+def test_declared_atomic_free_default_and_left_out_of_all(monkeypatch):
     info = ff.chunk_fwd_fused_gluon.launcher_info
     assert info.uses_atomics is False and info.kernels == (ff._fused_fwd_gluon_kernel,)
-    assert "fused_fwd" in gluon.BY_NAME_ONLY and "fused_fwd" not in gluon.DEFAULT_STAGES
+    assert "fused_fwd" in gluon.BY_NAME_ONLY and "fused_fwd" in gluon.DEFAULT_STAGES
     monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    assert gluon.requested("fused_fwd")
+    monkeypatch.setenv(gluon.GLUON_ENV, "grads")
     assert not gluon.requested("fused_fwd")
     monkeypatch.setenv(gluon.GLUON_ENV, "all")
     assert not gluon.requested("fused_fwd")

@@ -25,7 +25,8 @@ def test_requested(monkeypatch, value, output, grads):
 
 def test_unset_means_the_default_stages(monkeypatch):
     monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
-    want = {"grads", "fused_state", "wy"}  # fused_state where a launch has enough programs
+    # fused_state where a launch has enough programs
+    want = {"grads", "fused_state", "wy", "fused_fwd"}
     assert {s for s in gluon.STAGES if gluon.requested(s)} == gluon.DEFAULT_STAGES == want
 
 
@@ -180,8 +181,8 @@ def test_the_default_runs_the_gluon_chunk_gradients(monkeypatch):
 
     names, got = run(None)
     gluon_names = {n for n in names if n.endswith(("_gluon", "_gluon_pipelined"))}
-    assert gluon_names == {"chunk_grads_bwd_gluon", "wy_fwd_gluon"}, names
-    _, asked = run("grads,wy")
+    assert gluon_names == {"chunk_grads_bwd_gluon", "wy_fwd_gluon", "chunk_fwd_fused_gluon"}, names
+    _, asked = run("grads,wy,fused_fwd")
     _, triton = run("none")
     for a, b, c in zip(got, asked, triton):
         assert torch.equal(a, b)

@@ -95,12 +95,13 @@ def test_gluon_wy_matches_reference_triton_and_repeats(lengths, group, dtype, wa
 
 @pytest.mark.parametrize("lengths", [LENGTHS, LONG[1]], ids=["short", "32k-9docs"])
 def test_gluon_wy_merge_depth_keeps_the_bits(lengths, monkeypatch):
-    """The 32x32 merge's FMA dots in slices of 16 (fewer registers) give the bits of the
-    whole dots: the same FMA chains."""
+    """The 32x32 merge's FMA dots in slices of 16 (fewer registers, the default) give the
+    bits of the whole dots: the same FMA chains."""
     from gdn_core.ops.gluon import wy as gw
 
     group = 2
     offs, index, (k, v, beta, G) = _problem(lengths, 2, group, torch.bfloat16, seed=5)
+    monkeypatch.setattr(gw, "GLUON_WY_MERGE_K", 32)
     want = gw.wy_fwd_gluon(k, v, beta, G, index, group)
     want16 = gw.wy_fwd_gluon(k, v, beta, G, index, group, A_inv_for_backward=True)
     monkeypatch.setattr(gw, "GLUON_WY_MERGE_K", 16)

@@ -10,7 +10,7 @@ warp-specialised state backward with ``dv_local`` inside, supersedes the ``dv_lo
 ``state_bwd`` pair in :func:`gdn_core.ops.backward.backward_from_recompute`). Unset or empty,
 it means
 :data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``,
-``wy``, and ``fused_state`` where a launch has enough programs:
+``wy``, ``fused_fwd``, and ``fused_state`` where a launch has enough programs:
 :func:`gdn_core.ops.backward.pick_fused_state`);
 ``none`` keeps Triton everywhere. :func:`pick` chooses; elsewhere the Triton kernel runs,
 and a profile or ``record_launches`` shows which ran. A caller may also use a launcher
@@ -73,12 +73,16 @@ STAGES: dict[str, tuple[str, str, str]] = {
 #: in a swizzled shared tile and the backward's 16-bit inverse written by the kernel, 0.53x
 #: the Triton kernel's time and det forward+backward 0.92x at B4 T8192 and at B1 T32768 in
 #: 8 documents (session 20, ``benchmarks/results/2026-12-04-h200-s20.md``; other bits than
-#: the Triton WY, within its tolerance). The others were slower.
-DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy"})
+#: the Triton WY, within its tolerance); ``fused_fwd``, the warp-specialised fused forward:
+#: the Triton fused forward's bits in 0.56-0.59x its time, det forward 0.80-0.87x at B4
+#: T8192 and at B1 T32768 in 8 documents with 16 and 32 value heads (session 21,
+#: ``benchmarks/results/2026-12-04-h200-s21.md``). The others were slower.
+DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy", "fused_fwd"})
 
 #: stages ``all`` leaves out, run only where named or by default: ``fused_state`` supersedes
 #: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs; ``fused_fwd``
-#: (session 20) is compiled and not yet run on the GPU
+#: supersedes the Triton fused forward, which itself replaces the ``state`` and ``output``
+#: stages' kernels (``all`` runs those where the fused forward is switched off)
 BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state", "fused_fwd"})
 
 

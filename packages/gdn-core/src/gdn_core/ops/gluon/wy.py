@@ -152,9 +152,10 @@ GLUON_WY_MAXNREG: int | None = None
 #: the operands whole in registers: 163 registers, three CTAs an SM) or 16 (two chained
 #: dots each, the product T through A_BL's block: 106 registers, no spills, four CTAs an SM
 #: by both registers and shared memory; ``gl.dot_fma`` takes K >= 16). The FMA chains are
-#: the same either way (so the bits; the GPU test checks it); which is faster is for the
-#: H200 (``gluon_wy_probe.py --merge-k 32,16``, session 21).
-GLUON_WY_MERGE_K = 32
+#: the same either way (so the bits: the GPU test checks it on the H200). 16 is the default:
+#: 0.219 against 0.244 ms at B1 T32768 H16 8 documents (``gluon_wy_probe.py --merge-k
+#: 32,16``, session 21, ``benchmarks/results/2026-12-04-h200-s21.md``).
+GLUON_WY_MERGE_K = 16
 #: Warps of the apply kernel (one warpgroup; 8 = two, each taking 64 of the 128 columns).
 GLUON_WY_APPLY_WARPS = 4
 #: ptxas register cap of the apply kernel (None: ptxas's choice, 102 at 4 warps, four CTAs
