@@ -16,13 +16,25 @@ the torch profiler), for Nsight Compute's ``--profile-from-start off``::
     ncu --clock-control none --profile-from-start off --section SpeedOfLight \
         --section Occupancy --section WarpStateStats python benchmarks/profile_gdn.py \
         --ncu --shapes 1x32768x16x8 --segments 4096
+
+``--gaps`` runs ``--iters`` steps back to back, as the benchmark times them (no
+synchronisation between steps), under the torch profiler, and reads the GPU timeline: wall
+time a step, the kernels' busy time a step, and the longest idle stretches between two
+kernels with the kernels on either side — whether a step is GPU-bound or waits on the host,
+and where. ``--package det`` / ``nondet`` (``bench_gdn_train.py``'s arms: the public call
+through ``autograd.grad``, as timed there) or ``fla`` / ``flashqla``::
+
+    python benchmarks/profile_gdn.py --gaps --package det --shapes 4x8192x16x1
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -88,6 +100,38 @@ def _autograd_step(fn, ins, do, cu):
     return step
 
 
+def gpu_timeline(step, iters: int, top: int) -> str:
+    """``iters`` steps back to back under the torch profiler: wall and kernel-busy ms a step,
+    and the ``top`` longest idle stretches between kernels (with their neighbours)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(iters):
+            step()
+        end.record()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    kernels = sorted((e["ts"], e["dur"], e["name"]) for e in trace.get("traceEvents", [])
+                     if e.get("cat") in ("kernel", "gpu_memset", "gpu_memcpy") and "dur" in e)
+    if not kernels:
+        return "no kernel events in the trace"
+    busy = sum(d for _, d, _ in kernels)
+    span = kernels[-1][0] + kernels[-1][1] - kernels[0][0]
+    gaps = sorted(((b[0] - (a[0] + a[1]), a[2], b[2]) for a, b in zip(kernels, kernels[1:])),
+                  reverse=True)
+    idle = sum(g for g, _, _ in gaps if g > 0)
+    lines = [f"timeline of {iters} steps: wall {start.elapsed_time(end) / iters:.3f} ms a step "
+             f"(events), kernels span {span / 1e3 / iters:.3f}, busy {busy / 1e3 / iters:.3f}, "
+             f"idle {idle / 1e3 / iters:.3f} ms a step ({len(kernels) // iters} kernels a step)"]
+    for g, a, b in gaps[:top]:
+        lines.append(f"  idle {g:8.1f} us  after {a[:60]}  before {b[:60]}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="1x8192x16x1,4x8192x16x1,1x32768x16x1",
@@ -96,13 +140,16 @@ def main() -> None:
     p.add_argument("--benchmark-lengths", action="store_true",
                    help="documents of bench_gdn_train's uneven lengths (default: equal)")
     p.add_argument("--package", default="gdn_det_train",
-                   choices=["gdn_det_train", "gdn_train", "fla", "flashqla"])
+                   choices=["gdn_det_train", "gdn_train", "det", "nondet", "fla", "flashqla"],
+                   help="a package's fwd/bwd functions, or an arm of bench_gdn_train.py")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--rows", type=int, default=18)
     p.add_argument("--ncu", action="store_true",
                    help="one warm step between cudaProfilerStart/Stop, nothing timed")
+    p.add_argument("--gaps", action="store_true",
+                   help="the GPU timeline of --iters back-to-back steps: busy, idle, gaps")
     args = p.parse_args()
-    anchor = args.package in ("fla", "flashqla")
+    anchor = args.package in ("det", "nondet", "fla", "flashqla")
     make_step = _anchor_step(args.package) if anchor else _package_step(args.package)
     segments = [0] if anchor else [int(s) for s in args.segments.split(",")]
     for spec in args.shapes.split(","):
@@ -122,6 +169,10 @@ def main() -> None:
                 torch.cuda.cudart().cudaProfilerStop()
                 print(f"=== {args.package} B{B} T{T} H{H} HV{HV} docs{docs} segment_size={seg}:"
                       " one step profiled", flush=True)
+                continue
+            if args.gaps:
+                print(f"=== {args.package} B{B} T{T} H{H} HV{HV} docs{docs} segment_size={seg}\n"
+                      + gpu_timeline(step, args.iters, args.rows), flush=True)
                 continue
             host, wall = [], []
             for _ in range(args.iters):

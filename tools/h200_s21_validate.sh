@@ -54,22 +54,54 @@ wy_and_host_runs() {
   echo "host profile exit $?"; grep -E "ms|per step" "$LOG/host_profile_T1024.txt" | head -12
 }
 
-# call 2 (~60 s, carry [".whl-base"]): FlashQLA's base wheels into /tmp (install_base)
-# call 3 (~300 s, carry [".whl", ".whl-fla"], right after call 2): Nsight Compute on one
-# FlashQLA step at B1 T32768 H16 8 equal docs (the per-kernel profile beside ours of session
-# 20: the same sections and inputs); the anchors themselves: session 20's call 5 pattern
+# call 2 (~480 s, carry [".whl-base"]), after fused_fwd and GLUON_WY_MERGE_K = 16 became
+# defaults: FlashQLA's base wheels into /tmp (for call 3, made right after), every
+# gpu-marked test, then the GPU timeline of det steps as the benchmark times them (busy,
+# idle, the longest gaps: whether the step waits on the host)
+#       CALL_LIMIT=560 bash tools/h200_s21_validate.sh 2
+# call 3 (~560 s, carry [".whl", ".whl-fla"], right after call 2): det against FlashQLA at
+# issue 19's six shapes, both kernel tables and timelines at B1 T32768 8 docs, host time
+# against fla, KCP world 8 if time is left
+#       CALL_LIMIT=580 HOST_TIMEOUT=200 bash tools/h200_s21_validate.sh 3
+GAP_SHAPES="4x8192x16x1,1x32768x16x8,1x32768x16x8x32"
+
+timelines() {  # timelines ARM LOGFILE: profile_gdn.py --gaps at GAP_SHAPES (uneven documents)
+  timeout 120 python3 benchmarks/profile_gdn.py --gaps --package "$1" --shapes "$GAP_SHAPES" \
+    --benchmark-lengths --iters 10 --rows 6 > "$LOG/$2" 2>&1
+  echo "timelines $1 exit $?"; cat "$LOG/$2" | grep -v Warning | tail -24
+}
+
+step2() {
+  install_base
+  gpu_tests gpu_tests.log 330 12 packages/gdn-core/tests packages/gdn-det-train/tests \
+    packages/gdn-train/tests packages/gdn-det-train-kcp/tests
+  grep -cE "PASSED" "$LOG/gpu_tests.log"
+  timelines det timelines_det.txt
+}
+
 step3() {
   install_anchors || return 1
-  PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base" ncu_run 200 ncu_flashqla.txt \
-    python3 benchmarks/profile_gdn.py --ncu --package flashqla --shapes 1x32768x16x8
-  echo "ncu flashqla exit $?"
-  grep -E "^  [_a-zA-Z].*\(|Duration|Achieved Occupancy|Issue Slots Busy|DRAM Throughput" \
-    "$LOG/ncu_flashqla.txt" | cut -c1-110 | head -60
+  local base=$PYTHONPATH
+  export PYTHONPATH="$base:/tmp/site:/tmp/site-base"
+  timeout 360 python3 benchmarks/bench_gdn_train.py --arms det --compare flashqla --warmup 5 \
+    --iters 20 --shapes "$SHAPES6" --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 \
+    --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
+  echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla |warm compile done)" "$LOG/qla.md" | cut -c1-200
+  for arm in det flashqla; do  # the kernel tables side by side, 8 uneven documents
+    timeout 60 python3 benchmarks/profile_gdn.py --package $arm --shapes 1x32768x16x8 \
+      --benchmark-lengths --iters 10 --rows 14 > "$LOG/kernels_$arm.txt" 2>&1
+    echo "kernels $arm exit $?"; grep -E "^===|  " "$LOG/kernels_$arm.txt" | cut -c1-70,150-210 | head -20
+  done
+  timelines flashqla timelines_flashqla.txt
+  PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-230} python3 \
+    benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 > "$LOG/host_T1024_fla.txt" 2>&1
+  echo "host exit $?"; cat "$LOG/host_T1024_fla.txt"
+  kcp_in_time 8
 }
 
 case "${1:-}" in
   1) step1 ;;
-  2) install_base ;;
+  2) step2 ;;
   3) step3 ;;
   *) echo "usage: bash tools/h200_s21_validate.sh 1|2|3"; exit 2 ;;
 esac

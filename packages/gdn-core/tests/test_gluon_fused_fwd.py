@@ -1,8 +1,9 @@
 """The warp-specialised Gluon fused forward (``gdn_core.ops.gluon.fused_fwd``) without a
 GPU: it imports, it is declared atomic-free and a default stage that ``all`` leaves out
-(``all`` means the unfused forward's Gluon stages), it refuses what it does not serve (``ValueError``) and devices it cannot run
-on (``RuntimeError``) before compiling anything, and the forward asks for it only where the
-Triton fused forward runs. The kernel itself: ``test_gluon_fused_fwd_gpu.py``."""
+(``all`` means the unfused forward's Gluon stages), it refuses what it does not serve
+(``ValueError``) and devices it cannot run on (``RuntimeError``) before compiling anything,
+and the forward asks for it only where the Triton fused forward runs. The kernel itself:
+``test_gluon_fused_fwd_gpu.py``."""
 
 from __future__ import annotations
 
