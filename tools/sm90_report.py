@@ -412,6 +412,33 @@ def gluon_fused_fwd_reports() -> None:
         print_specialised(out["ptx"])
 
 
+def gluon_recompute_reports() -> None:
+    """The backward's warp-specialised recompute (:mod:`gdn_core.ops.gluon.recompute`: W
+    and U formed on chip, ``h`` and ``v_new`` stored) as its launcher builds it: bf16,
+    K = V = 128, chunks of 64, group 1 and 2, with entry states, ordered documents."""
+    import torch
+    from gdn_core.ops.gluon import recompute as rc
+
+    T, N, K = 1024, 4, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        k = torch.zeros(T, H, K, dtype=bf)
+        w = torch.zeros(T, HV, K, dtype=bf)
+        a = torch.zeros(T, HV, 64, dtype=bf)
+        h = torch.zeros(T // 64, HV, K, K, dtype=bf)
+        i32 = torch.zeros(N + 1, dtype=torch.int32)
+        args = dict(rc._descriptors(k, w, a, w, h, w), G=torch.zeros(T, HV),
+                    beta=torch.zeros(T, HV, dtype=bf), h0=torch.zeros(N, HV, K, K), W=w,
+                    v_new=w, doc_offsets=i32, doc_chunk_offsets=i32, doc_order=i32, HV=HV)
+        print(f"H={H} HV={HV} STAGES={rc.GLUON_RECOMPUTE_STAGES} "
+              f"F_REGS={rc.GLUON_RECOMPUTE_F_REGS}")
+        out = report_gluon(rc._recompute_gluon_kernel, args,
+                           dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=rc.GLUON_RECOMPUTE_STAGES,
+                                USE_H0=True, F_REGS=rc.GLUON_RECOMPUTE_F_REGS, ORDERED=True),
+                           num_warps=8, maxnreg=rc._MAXNREG)
+        print_specialised(out["ptx"])
+
+
 def gluon_dv_local_reports() -> None:
     """The Gluon dv_local kernel (:mod:`gdn_core.ops.gluon.dv_local`) as its launcher builds
     it: bf16, K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2),
@@ -690,6 +717,7 @@ if __name__ == "__main__":
              "gluon_state_bwd": gluon_state_bwd_reports,
              "gluon_wy": gluon_wy_reports,
              "gluon_fused_fwd": gluon_fused_fwd_reports, "gluon_state": gluon_state_reports,
+             "gluon_recompute": gluon_recompute_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
              "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
              "l2norm": l2norm_reports,

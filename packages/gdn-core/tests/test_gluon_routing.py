@@ -54,6 +54,8 @@ TRITON_LAUNCHERS = {
     # chunk_state_bwd's parameters less dv_local (computed inside)
     "fused_state": "gdn_core.ops.chunk_state_bwd:chunk_state_bwd",
     "fused_fwd": "gdn_core.ops.chunk_fwd_fused:chunk_fwd_fused",
+    # wy_apply's parameters, then chunk_state_fwd's initial_state (checked below)
+    "recompute": "gdn_core.ops.wy:wy_apply",
 }
 
 
@@ -72,6 +74,13 @@ def test_every_stage_is_a_drop_in_for_its_triton_launcher(stage):
     want = inspect.signature(triton_fn).parameters
     if stage == "fused_state":
         want = {n: p for n, p in want.items() if n != "dv_local"}
+    if stage == "recompute":
+        from gdn_core.ops.chunk_state import chunk_state_fwd
+
+        init = inspect.signature(chunk_state_fwd).parameters["initial_state"]
+        assert got["initial_state"].kind is inspect.Parameter.KEYWORD_ONLY  # passed by name
+        assert got["initial_state"].default is init.default is None
+        got = {n: p for n, p in got.items() if n != "initial_state"}
     assert [(p.name, p.kind, p.default) for p in got.values()] == \
         [(p.name, p.kind, p.default) for p in want.values()]
     assert callable(getattr(mod, supported))

@@ -820,17 +820,26 @@ def segment_bwd_begin(saved: GDNSaved, do: torch.Tensor, dht: torch.Tensor | Non
     if bst.slabs is not None and not need and saved.A_inv is not None:
         bst.A_inv = saved.A_inv
         return bst  # the last phase recomputes everything slab by slab
-    if saved.A_inv is not None:
+    together = None  # W, h and v_new in one launch (U never in memory), where it serves
+    if saved.A_inv is not None and bst.slabs is None:
+        together = gluon.pick("recompute", None, k, v, saved.A_inv, index)
+    if together is not None:
         bst.A_inv = saved.A_inv
-        apply = gluon.pick("wy_apply", wy_apply, k, v, saved.A_inv, index)
-        bst.W, U = apply(k, v, beta, G, saved.A_inv, index, group)
+        bst.W, bst.h, bst.v_new = together(k, v, beta, G, saved.A_inv, index, group,
+                                           initial_state=init)
     else:
-        bst.A_inv, bst.W, U = gluon.pick("wy", wy_fwd, k, v, index)(k, v, beta, G, index, group)
-    if bst.slabs is None:
-        state = gluon.pick("state", chunk_state_fwd, k, bst.W, U, index)
-        bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
-                                    output_final_state=False, store_states=True)
-    del U  # spent: v_new holds what the backward needs of it
+        if saved.A_inv is not None:
+            bst.A_inv = saved.A_inv
+            apply = gluon.pick("wy_apply", wy_apply, k, v, saved.A_inv, index)
+            bst.W, U = apply(k, v, beta, G, saved.A_inv, index, group)
+        else:
+            bst.A_inv, bst.W, U = gluon.pick("wy", wy_fwd, k, v, index)(k, v, beta, G, index,
+                                                                         group)
+        if bst.slabs is None:
+            state = gluon.pick("state", chunk_state_fwd, k, bst.W, U, index)
+            bst.h, bst.v_new, _ = state(k, bst.W, U, G, index, group, initial_state=init,
+                                        output_final_state=False, store_states=True)
+        del U  # spent: v_new holds what the backward needs of it
     if need:
         bst.D0 = _doc_last_dht(L, dht, L.num_segments, bst.state_dtype)  # read, not written
         flags = L.tables(k.device).bwd_need

@@ -2,13 +2,14 @@
 
 The environment variable ``GDN_CORE_GLUON`` names the stages (the keys of :data:`STAGES`:
 ``output``, ``grads``, ``grads2``, ``wy``, ``wy_apply``, ``state``, ``state_bwd``,
-``dv_local``, ``fused_state``, ``fused_fwd``; comma-separated, ``all`` — every stage but
-:data:`BY_NAME_ONLY` — or ``none``) whose Gluon kernel
-replaces the Triton one where it serves the call (``grads2``, the persistent chunk-gradient
-kernel, supersedes ``grads``' kernel where both are asked for; ``fused_state``, the
-warp-specialised state backward with ``dv_local`` inside, supersedes the ``dv_local`` +
-``state_bwd`` pair in :func:`gdn_core.ops.backward.backward_from_recompute`). Unset or empty,
-it means
+``dv_local``, ``fused_state``, ``fused_fwd``, ``recompute``; comma-separated, ``all`` —
+every stage but :data:`BY_NAME_ONLY` — or ``none``) whose Gluon kernel replaces the Triton
+one where it serves the call (``grads2``, the persistent chunk-gradient kernel, supersedes
+``grads``' kernel where both are asked for; ``fused_state``, the warp-specialised state
+backward with ``dv_local`` inside, supersedes the ``dv_local`` + ``state_bwd`` pair in
+:func:`gdn_core.ops.backward.backward_from_recompute`; ``recompute`` the backward's
+``wy_apply`` + ``state`` pair in :func:`gdn_core.segment.segment_bwd_begin`). Unset or
+empty, it means
 :data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``,
 ``wy``, ``fused_fwd``, and ``fused_state`` where a launch has enough programs:
 :func:`gdn_core.ops.backward.pick_fused_state`);
@@ -59,6 +60,11 @@ STAGES: dict[str, tuple[str, str, str]] = {
     # the forward's recurrence and output warp-specialised; asked for, it replaces the Triton
     # fused forward (chunk_fwd_fused) where that runs, with its arguments
     "fused_fwd": ("fused_fwd", "chunk_fwd_fused_gluon", "gluon_fused_fwd_supported"),
+    # the backward's recompute in one launch: W and U formed on chip, h and v_new stored;
+    # asked for, it replaces wy_apply + chunk_state_fwd(store_states) where the backward
+    # runs both. Its launcher takes wy_apply's arguments and chunk_state_fwd's
+    # initial_state and returns (W, h, v_new).
+    "recompute": ("recompute", "chunk_recompute_gluon", "gluon_recompute_supported"),
 }
 
 
@@ -82,8 +88,9 @@ DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy", "fused
 #: stages ``all`` leaves out, run only where named or by default: ``fused_state`` supersedes
 #: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs; ``fused_fwd``
 #: supersedes the Triton fused forward, which itself replaces the ``state`` and ``output``
-#: stages' kernels (``all`` runs those where the fused forward is switched off)
-BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state", "fused_fwd"})
+#: stages' kernels (``all`` runs those where the fused forward is switched off);
+#: ``recompute`` supersedes the ``wy_apply`` and ``state`` stages in the backward
+BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state", "fused_fwd", "recompute"})
 
 
 def requested(stage: str) -> bool:

@@ -139,7 +139,8 @@ from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
-__all__ = ["GLUON_WY_APPLY_WARPS", "GLUON_WY_WARPS", "gluon_wy_apply_supported",
+__all__ = ["GLUON_WY_APPLY_WARPS", "GLUON_WY_WARPS", "check_wy_inputs",
+           "gluon_wy_apply_supported",
            "gluon_wy_supported", "wy_apply_gluon", "wy_fwd_gluon"]
 
 
@@ -522,10 +523,12 @@ def _require_gluon_sm90(device: torch.device) -> None:
     require_sm90(device, "the Gluon WY kernel")
 
 
-def _check_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: torch.Tensor,
+def check_wy_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: torch.Tensor,
                   index: ChunkIndex, group: int) -> None:
-    """The checks both launchers make (``ValueError``), then the device's
-    (``RuntimeError``): see :func:`wy_fwd_gluon`'s Raises."""
+    """The input checks of the Gluon kernels that form ``W`` and ``U`` (the WY forward,
+    its apply, :mod:`gdn_core.ops.gluon.recompute`): ``ValueError`` for shapes that do not
+    match, K or V not 128, chunks not of 64, k and v not of one 16-bit dtype, or more rows
+    than TMA's int32 coordinates address."""
     T, H, K = k.shape
     HV, V = v.shape[1], v.shape[2]
     if (v.shape[0] != T or HV != H * group or tuple(beta.shape) != (T, HV)
@@ -534,10 +537,10 @@ def _check_inputs(k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, G: torch
             f"shape mismatch: k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}, "
             f"G {tuple(G.shape)}, group {group}, tokens {index.total_tokens}")
     if (K, V) != (_K, _V) or index.chunk_size != _BT:
-        raise ValueError(f"the Gluon WY kernel serves K = V = {_K} and chunks of {_BT}, got "
+        raise ValueError(f"the Gluon W/U kernels serve K = V = {_K} and chunks of {_BT}, got "
                          f"K={K}, V={V}, chunk size {index.chunk_size}")
     if k.dtype not in (torch.bfloat16, torch.float16) or v.dtype != k.dtype:
-        raise ValueError(f"the Gluon WY kernel takes k and v in one 16-bit dtype, got "
+        raise ValueError(f"the Gluon W/U kernels take k and v in one 16-bit dtype, got "
                          f"{k.dtype}, {v.dtype}")
     if T >= 2**31:
         raise ValueError(f"T={T} exceeds TMA's int32 coordinates")
@@ -600,7 +603,7 @@ def wy_fwd_gluon(
             TMA's int32 coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
     """
-    _check_inputs(k, v, beta, G, index, group)
+    check_wy_inputs(k, v, beta, G, index, group)
     _require_gluon_sm90(k.device)
     T, HV = k.shape[0], v.shape[1]
     dev = k.device
@@ -663,7 +666,7 @@ def wy_apply_gluon(
     if tuple(A_inv.shape) != (T, HV, _BT) or A_inv.dtype not in (k.dtype, torch.float32):
         raise ValueError(f"A_inv must be [T, HV, {_BT}] = {(T, HV, _BT)} in {k.dtype} or "
                          f"torch.float32, got {tuple(A_inv.shape)} {A_inv.dtype}")
-    _check_inputs(k, v, beta, G, index, group)
+    check_wy_inputs(k, v, beta, G, index, group)
     _require_gluon_sm90(k.device)
     dev = k.device
     W = torch.empty(T, HV, _K, dtype=k.dtype, device=dev)
