@@ -30,8 +30,9 @@ One CTA per (document, value head) with all 128 value columns, two partitions:
 fp32-accumulated dot with the 16-bit inverse, rounded), each a wgmma over the chunk's 64
 rows in k16 steps as Triton's ``tl.dot`` issues it on sm_90 (value columns independent);
 the chain is the fused forward's, which the H200 showed bitwise equal to the Triton
-recurrence (session 21). So ``W``, ``h`` and ``v_new`` are meant to be bitwise the two
-launches' outputs; ``tests/test_gluon_recompute_gpu.py`` checks it on the H200.
+recurrence. So ``W``, ``h`` and ``v_new`` are bitwise the two launches' outputs
+(``tests/test_gluon_recompute_gpu.py``, 9 passed on the H200, session 21: bf16/fp16,
+group 1/2, entry states, packed documents, a strided ``v``, the det API end to end).
 
 **Hand-offs** (mbarriers; a stage's phase is ``(c // STAGES) & 1``): ``ld_ready[s]`` (S's
 expect-tx: k, v, ``A_inv`` of a chunk), ``wu_ready[s]`` (F → S: W and U formed),
@@ -50,6 +51,17 @@ V' rows ``≥ n`` to 0 and stores ``v_new`` rows ``< n`` from registers. ``h`` i
 Shared memory (bf16): the input ring 2 × (k 16 + v 16 + ``A_inv`` 8) KiB, the W/U ring
 2 × 32 KiB, ``h_c`` 32 KiB, ``vo`` 16 KiB: 192 KiB, one CTA an SM. Determinism: no atomics,
 one CTA owns each output row, every reduction in a fixed order.
+
+Compiled for sm_90a with Triton 3.6 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python
+tools/sm90_report.py gluon_recompute``, bf16, group 1 and 2 alike)::
+
+    setmaxnreg S 176 / F 152, no spills, 196,868 B shared, 1,976 SASS, 20 wgmma
+
+On the H200 (session 21, ``benchmarks/gluon_recompute_probe.py --docs 8``, B1 T32768 H16,
+12 segments of ≤ 4096 × 16 heads): 0.261 ms against 0.421 for the pair (0.62×). End to end
+the det step gained 0.33 ms at 32 value heads (4.82 → 4.49 ms) but was slower at 16 in a
+noisy call (`benchmarks/results/2026-12-04-h200-s21.md`), so the stage runs only where
+named until a GPU timeline says why.
 """
 
 from __future__ import annotations
