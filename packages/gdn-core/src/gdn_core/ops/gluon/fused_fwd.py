@@ -103,6 +103,44 @@ def _issue(q_desc, k_desc, w_desc, u_desc, bar, q_s, k_s, w_s, u_s, t0, tq, tw):
 
 
 @gluon.jit
+def _chain_values(w_t, h_s, u_t, vo_s, S, g, g_last, rows, n, zp, PL: gl.constexpr):
+    """The middle of one chunk's chain step, once ``h_c`` is published in ``h_s``:
+    ``P = W h_c`` (W the tile ``w_t``) beside ``S ← e^{G_last} S``; ``V' = U − P`` (U the tile
+    ``u_t``, rows ``≥ n`` selected to 0); ``vo = round(V')`` into ``vo_s``; ``vd =
+    round(V' ⊙ e^{G_last − G})`` over the spent U tile; fenced and CTA-barriered for the
+    update's wgmma. Returns ``(S, vo)``. Shared with :mod:`gdn_core.ops.gluon.recompute`."""
+    dtype: gl.constexpr = vo_s.dtype
+    p = warpgroup_mma(w_t, h_s, zp, use_acc=False, is_async=True)
+    S = S * gl.exp(g_last)
+    u = u_t.load(PL).to(gl.float32)
+    p = warpgroup_mma_wait(0, deps=[p, w_t, h_s])[0]
+    vn = gl.where((rows < n)[:, None], u - p, 0.0)
+    dec = gl.where(rows < n, gl.exp(gl.where(rows < n, g_last - g, 0.0)), 0.0)
+    vo = vn.to(dtype)
+    vo_s.store(vo)
+    gl.thread_barrier()  # every warp has read its U rows: the tile takes vd
+    u_t.store((vn * dec[:, None]).to(dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    return S, vo
+
+
+@gluon.jit
+def _chain_update(k_t, vd_t, S):
+    """``S ← S + Kᵀ vd`` (``S`` already decayed by :func:`_chain_values`), waited."""
+    S = warpgroup_mma(k_t.permute((1, 0)), vd_t, S, is_async=True)
+    return warpgroup_mma_wait(0, deps=[S, k_t, vd_t])[0]
+
+
+@gluon.jit
+def _zero_rows_from(x_t, n, rio, IO: gl.constexpr):
+    """Rows ``≥ n`` of the shared tile ``x_t`` set to 0 (a document's short last chunk:
+    its TMA tile holds the next document's rows)."""
+    xx = x_t.load(IO)
+    x_t.store(gl.where((rio < n)[:, None], xx, gl.zeros_like(xx)))
+
+
+@gluon.jit
 def _chain_partition(q_desc, k_desc, w_desc, u_desc, q_s, k_s, w_s, u_s, h_s, vo_s,
                      ld_ready, h_ready, vo_ready, o_free, G, h0, ht, doc_offsets, i_n, i_hv,
                      HV, tq, tw, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
@@ -154,27 +192,16 @@ def _chain_partition(q_desc, k_desc, w_desc, u_desc, q_s, k_s, w_s, u_s, h_s, vo
                        tq, tw)
         mbarrier.wait(ld_ready.index(s), (c // STAGES) & 1)
         if n < BT:  # a document's short last chunk: K's foreign rows to 0 before any read
-            kk = k_s.index(s).load(IO)
-            k_s.index(s).store(gl.where((rio < n)[:, None], kk, gl.zeros_like(kk)))
+            _zero_rows_from(k_s.index(s), n, rio, IO)
         # h_c = round(S): W's operand here, Q's in O
         h_s.store(S.to(dtype))
         fence_async_shared()
         gl.thread_barrier()
         mbarrier.arrive(h_ready, count=1)
-        p = warpgroup_mma(w_s.index(s), h_s, zp, use_acc=False, is_async=True)
-        S = S * gl.exp(g_last)
-        u = u_s.index(s).load(PL).to(gl.float32)
-        p = warpgroup_mma_wait(0, deps=[p, w_s.index(s), h_s])[0]
-        vn = gl.where((rows < n)[:, None], u - p, 0.0)
-        dec = gl.where(rows < n, gl.exp(gl.where(rows < n, g_last - g, 0.0)), 0.0)
-        vo_s.store(vn.to(dtype))
-        gl.thread_barrier()  # every warp has read its U rows: the tile takes vd
-        u_s.index(s).store((vn * dec[:, None]).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
+        S, _ = _chain_values(w_s.index(s), h_s, u_s.index(s), vo_s, S, g, g_last, rows, n, zp,
+                             PL)
         mbarrier.arrive(vo_ready, count=1)
-        S = warpgroup_mma(k_s.index(s).permute((1, 0)), u_s.index(s), S, is_async=True)
-        S = warpgroup_mma_wait(0, deps=[S, k_s.index(s), u_s.index(s)])[0]
+        S = _chain_update(k_s.index(s), u_s.index(s), S)
 
     if STORE_FINAL:
         zero = gl.load(doc_offsets + i_n + 1) - eos  # offsets formed anew (not kept live)

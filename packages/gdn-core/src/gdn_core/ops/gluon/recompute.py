@@ -69,6 +69,7 @@ from __future__ import annotations
 import torch
 
 from gdn_core.chunking import ChunkIndex, ordered_docs
+from gdn_core.ops.gluon.fused_fwd import _chain_update, _chain_values, _zero_rows_from
 from gdn_core.ops.gluon.fused_state_bwd import _doc_program, _doc_span
 from gdn_core.ops.gluon.lang import (
     fence_async_shared,
@@ -223,27 +224,15 @@ def _chain_partition(k_desc, v_desc, a_desc, h_desc, vn_desc, k_s, v_s, a_s, w_s
         mbarrier.wait(ld_ready.index(s), (c // STAGES) & 1)  # S reads K after the copy too
         mbarrier.wait(wu_ready.index(s), (c // STAGES) & 1)  # W, U formed
         if n < BT:  # a document's short last chunk: K's foreign rows to 0 before the update
-            kk = k_s.index(s).load(IO)
-            k_s.index(s).store(gl.where((rio < n)[:, None], kk, gl.zeros_like(kk)))
-        p = warpgroup_mma(w_s.index(s), h_s, zp, use_acc=False, is_async=True)
-        S = S * gl.exp(g_last)
-        u = u_s.index(s).load(PL).to(gl.float32)
-        p = warpgroup_mma_wait(0, deps=[p, w_s.index(s), h_s])[0]
-        vn = gl.where((rows < n)[:, None], u - p, 0.0)
-        dec = gl.where(rows < n, gl.exp(gl.where(rows < n, g_last - g, 0.0)), 0.0)
-        vo = vn.to(dtype)
-        vo_s.store(vo)
-        gl.thread_barrier()  # every warp has read its U rows: the tile takes vd
-        u_s.index(s).store((vn * dec[:, None]).to(dtype))
-        fence_async_shared()
-        gl.thread_barrier()
+            _zero_rows_from(k_s.index(s), n, rio, IO)
+        S, vo = _chain_values(w_s.index(s), h_s, u_s.index(s), vo_s, S, g, g_last, rows, n, zp,
+                              PL)
         if n == BT:
             tma.async_copy_shared_to_global(vn_desc, [t0, tv], vo_s)
         else:  # rows < n only
             offs = (t0 + rows).to(gl.int64)[:, None] * (HV * V) + (tv + cols)[None, :]
             gl.store(v_new + offs, vo, mask=(rows < n)[:, None] & (cols < V)[None, :])
-        S = warpgroup_mma(k_s.index(s).permute((1, 0)), u_s.index(s), S, is_async=True)
-        S = warpgroup_mma_wait(0, deps=[S, k_s.index(s), u_s.index(s)])[0]
+        S = _chain_update(k_s.index(s), u_s.index(s), S)
         gl.thread_barrier()  # every warp's update has read the K and vd tiles
         mbarrier.arrive(wu_free.index(s), count=1)
         if c + STAGES < n_chunks:
