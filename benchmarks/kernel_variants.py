@@ -12,7 +12,11 @@ T32768 H16 K=V=128 with 1 and 8 documents (``common.time_fn``: CUDA-event median
 from the pinned result (Triton 3.6 gets some narrow blocks wrong on Hopper:
 ``gdn_core.ops.tiles``; a variant is only a candidate if it agrees).
 
-    python benchmarks/kernel_variants.py [--kernels state_fwd,output,wy,dv_local,...]
+    python benchmarks/kernel_variants.py [--kernels state_fwd,summary,output,wy,dv_local,...]
+
+``summary`` is the forward's segment-summary launch (``[E | M]``, segments of 4096, only the
+segments whose summary is read), which the det forward runs wherever a document spans
+segments (0.34 ms of a step at B1 T32768 H16, one document: session 18's profile).
 
 ``--check`` runs every variant once, untimed, on a small problem: with
 ``TRITON_INTERPRET=1 ... --check --device cpu`` it checks the plumbing without a GPU.
@@ -34,6 +38,7 @@ import common  # noqa: E402
 import torch  # noqa: E402
 
 H, D = 16, 128
+SUMMARY_SEGMENT = 4096  # the det path's segment size (the summaries' layout)
 
 
 @contextlib.contextmanager
@@ -70,7 +75,7 @@ def _problem(T: int, docs: int, device: str) -> dict:
     dh, dvp, _ = chunk_state_bwd(q, k, W, G, do, dvl, None, scale, index, 1)
     return dict(q=q, k=k, v=v, beta=beta, G=G, W=W, U=U, A_inv=A_inv, do=do, dvl=dvl,
                 dvp=dvp, index=index, scale=scale, g_dtype=g.dtype, docs=docs,
-                h=h, v_new=v_new, dh=dh)
+                h=h, v_new=v_new, dh=dh, offsets=inp.offsets, device=device)
 
 
 def _kernels(p: dict) -> dict:
@@ -79,6 +84,16 @@ def _kernels(p: dict) -> dict:
 
     def state_fwd():
         return chunk_state.chunk_state_fwd(p["k"], p["W"], p["U"], p["G"], p["index"], 1)[0]
+
+    def summary():  # the forward's segment summaries [E | M], as segment_fwd_begin runs them
+        from gdn_core.segment import SegmentLayout
+
+        layout = SegmentLayout.build(p["offsets"], SUMMARY_SEGMENT)
+        tables = layout.tables(p["device"])
+        return chunk_state.chunk_state_fwd(
+            p["k"], p["W"], p["U"], p["G"], tables.index, 1, output_final_state=True,
+            store_states=False, state_width=2 * D, identity_state=True, store_v_new=False,
+            need=tables.fwd_need)[2]
 
     def state_bwd():
         return chunk_state_bwd.chunk_state_bwd(p["q"], p["k"], p["W"], p["G"], p["do"], p["dvl"],
@@ -119,6 +134,11 @@ def _kernels(p: dict) -> dict:
         "state_fwd": (chunk_state, "chunk_state_config", state_fwd,
                       [dict(BV=bv, num_warps=w, num_stages=s)  # 4/8 warps x 2/3 stages:
                        for bv, w, s in grid((32, 64), (2, 4), (3, 4))]),  # results/…-s5-…
+        # the summaries' state is V + K = 256 wide: pinned BV 32, 4 warps, 3 stages (two CTAs
+        # an SM); fewer stages fit three or four
+        "summary": (chunk_state, "chunk_state_config", summary,
+                    [dict(BV=bv, num_warps=w, num_stages=s)
+                     for bv, w, s in grid((32, 64), (2, 4), (2, 3)) if (bv, w, s) != (32, 4, 3)]),
         "state_bwd": (chunk_state_bwd, "chunk_state_bwd_config", state_bwd,
                       # BV=64, 8 warps and 1 stage fault or are wrong (results/…-s5-…)
                       [dict(BV=32, num_warps=w, num_stages=s)
