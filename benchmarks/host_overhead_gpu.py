@@ -14,6 +14,9 @@ call taken. Also reported:
   floor the launches alone set. On CUDA the count is the forward's only: autograd
   runs a CUDA backward in its device thread, which the thread-local record
   (``record_launches``) does not see;
+* the cached launches that went through Triton's argument binding in one call
+  (:func:`gdn_core.ops.launch.slow_launches`; none expected: each is tens of µs of host
+  time, the launch cache's docstring);
 * the CUDA-graph path: the same call captured once (a
   :class:`~gdn_core.layout.VarlenLayout`, fixed-size tables) and replayed: host
   time per replay.
@@ -229,6 +232,7 @@ def main() -> None:
     ins, do = _inputs(B, T, H, K, V, dtype, args.device)
     results: dict = {"shape": args.shape, "dtype": args.dtype, "device": args.device,
                      "iters": args.iters, "triton_launch_us": _triton_launch_us(args.device)}
+    from gdn_core.ops.launch import slow_launches
     from gdn_core.ops.registry import record_launches
 
     impls = _implementations(args)
@@ -251,8 +255,11 @@ def main() -> None:
         for _ in range(args.warmup):
             step()
         runs = [_host_loop(step, args.iters, sync) for _ in range(args.repeats)]
+        before = slow_launches()
         with record_launches() as launches:
             step()
+        slow = {k: n - before.get(k, 0) for k, n in slow_launches().items()
+                if n > before.get(k, 0)}
         seen: list[str] = []
         row = {
             "host_ms": statistics.median(r[0] for r in runs),
@@ -260,6 +267,8 @@ def main() -> None:
             "sync_warnings": _sync_warnings(step, cuda, seen),
             "sync_messages": sorted(set(seen)),
             "launches": len(launches) if name.startswith("gdn") else None,
+            # cached launches that went through Triton's binding in one call (should be none)
+            "unkeyed_launches": slow,
         }
         if cuda and name.startswith("gdn") and not args.no_graph:
             row["graph_replay_host_ms"] = _graph_replay_ms(fn, ins, do, args.iters)
@@ -270,6 +279,8 @@ def main() -> None:
                  if "graph_replay_host_ms" in row else ""), flush=True)
         for m in row["sync_messages"]:
             print(f"    sync: {m}")
+        if slow:
+            print(f"    launches through Triton's binding (no cache key): {slow}")
     if "fla" in results:
         for name in ("gdn_det_train", "gdn_train"):
             ratio = results[name]["host_ms"] / results["fla"]["host_ms"]

@@ -128,3 +128,58 @@ def test_a_cached_launch_passes_tensors_as_their_addresses(cached):
     assert args[0] is x  # the call's own arguments are left as they are
     # a tensor off CUDA keys apart from a CUDA one (these are CPU: is_cuda False)
     assert key[3] == (torch.float32, True, False)
+
+
+def _cached_launch_calls(source: str):
+    """``(line, wrapper name, runtime parameters passed by keyword)`` of every
+    ``WRAPPER[grid](...)`` call in ``source`` where ``WRAPPER = cached_launch(kernel)`` and
+    ``kernel`` is defined in the same module (a parameter is runtime unless annotated
+    ``constexpr``; a ``**mapping`` counts as ``None`` unless it is named ``constexprs``,
+    the launchers' name for a dict of constexprs and launch options)."""
+    import ast
+
+    tree = ast.parse(source)
+    defs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    runtime: dict[str, set[str]] = {}
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Assign) and isinstance(n.value, ast.Call)
+                and getattr(n.value.func, "id", None) == "cached_launch"
+                and isinstance(n.value.args[0], ast.Name) and n.value.args[0].id in defs):
+            params = defs[n.value.args[0].id].args.args
+            names = {a.arg for a in params
+                     if a.annotation is None or "constexpr" not in ast.unparse(a.annotation)}
+            runtime.update({t.id: names for t in n.targets if isinstance(t, ast.Name)})
+    for n in ast.walk(tree):
+        if (isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+                and isinstance(n.func.value, ast.Name) and n.func.value.id in runtime):
+            by_keyword = [kw.arg for kw in n.keywords  # ``**constexprs``: by convention
+                          if (kw.arg is None and getattr(kw.value, "id", "") != "constexprs")
+                          or kw.arg in runtime[n.func.value.id]]
+            yield n.lineno, n.func.value.id, by_keyword
+
+
+def test_the_scan_finds_a_runtime_argument_by_keyword():
+    src = ("import triton\n@triton.jit\ndef _k(x, n, B: tl.constexpr):\n    pass\n"
+           "_K = cached_launch(_k)\n_K[(1,)](x, n=3, B=4)\n_K[(1,)](x, 3, B=4, num_warps=2)\n"
+           "_K[(1,)](**d)\n_K[(1,)](x, 3, **constexprs)\n")
+    assert list(_cached_launch_calls(src)) == [(6, "_K", ["n"]), (7, "_K", []),
+                                               (8, "_K", [None]), (9, "_K", [])]
+
+
+def test_every_cached_launch_in_the_library_passes_runtime_arguments_positionally():
+    """A runtime argument by keyword (or a ``**mapping`` that may hold one) makes every
+    call of that launch go through Triton's binding (tens of µs of host time each,
+    ``launch.py``'s docstring): the launchers pass them positionally, constexprs and
+    options by keyword. (The Gluon WY forward passed its tensors by keyword until
+    session 23: one slow launch in every forward.)"""
+    from pathlib import Path
+
+    import gdn_core
+
+    root = Path(gdn_core.__file__).parent
+    found = {}
+    for path in sorted(root.rglob("*.py")):
+        for line, name, by_keyword in _cached_launch_calls(path.read_text()):
+            found[f"{path.relative_to(root)}:{line} {name}"] = by_keyword
+    assert len(found) >= 25, sorted(found)  # the scan sees the library's launches
+    assert {site: kw for site, kw in found.items() if kw} == {}

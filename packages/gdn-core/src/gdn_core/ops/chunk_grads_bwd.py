@@ -457,13 +457,14 @@ def chunk_grads_bwd(
     dT = dk if t_in_dk else torch.empty(NT * HV * C * C, dtype=k.dtype, device=dev)
     dg_part = torch.empty(T, HV, dtype=torch.float32, device=dev)
     db_part = torch.empty(T, HV, dtype=torch.float32, device=dev)
-    meta = dict(H=H, HV=HV, K=K, V=V, GROUP=group, BT=C, BK=cfg["BK"], BV=cfg["BV"],
-                T_IN_DK=t_in_dk, DOT_PREC=dot_precision(k.dtype), num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"], maxnreg=cfg["maxnreg"])
+    constexprs = dict(H=H, HV=HV, K=K, V=V, GROUP=group, BT=C, BK=cfg["BK"], BV=cfg["BV"],
+                      T_IN_DK=t_in_dk, DOT_PREC=dot_precision(k.dtype),
+                      num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+                      maxnreg=cfg["maxnreg"])
     _DQ_DV_KERNEL[(NT, HV)](
         q, k, v, v_new, h, do, du, G, beta, A_inv, dq, dk, dv, dT, dg_part, db_part,
-        index.chunk_start, index.chunk_len, float(scale), v.stride(0), v.stride(1), **meta)
+        index.chunk_start, index.chunk_len, float(scale), v.stride(0), v.stride(1), **constexprs)
     _DK_KERNEL[(NT, HV)](
         q, k, v_new, h, dh, do, du, G, beta, A_inv, dT, dg_part, db_part, dk, dbeta, dg,
-        index.chunk_start, index.chunk_len, float(scale), **meta)
+        index.chunk_start, index.chunk_len, float(scale), **constexprs)
     return dq, dk, dv, dbeta, dg

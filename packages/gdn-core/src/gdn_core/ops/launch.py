@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["FAST_LAUNCH_ENV", "CachedLauncher", "cached_launch"]
+__all__ = ["FAST_LAUNCH_ENV", "CachedLauncher", "cached_launch", "slow_launches"]
 
 #: ``0`` turns the launch cache off (every launch through ``kernel[grid]``)
 FAST_LAUNCH_ENV = "GDN_CORE_FAST_LAUNCH"
@@ -106,6 +106,11 @@ class CachedLauncher:
         self._defaults = tuple(p.default if p.has_default else _UNSUPPORTED for p in params)
         # key -> (compiled kernel, the values of the parameters after the positional ones)
         self._cache: dict[tuple, tuple[Any, tuple]] = {}
+        #: launches on the fast-path machinery that went through ``kernel[grid]`` because
+        #: the call has no key (a runtime argument by keyword, an argument of another
+        #: kind): each pays Triton's binding again; a host benchmark reports the sum
+        #: (:func:`slow_launches`)
+        self.unkeyed_calls = 0
 
     def __getitem__(self, grid: tuple[int, ...]) -> Callable[..., Any]:
         if not self._fast or callable(grid):
@@ -177,6 +182,8 @@ class CachedLauncher:
         except TypeError:  # an unhashable constexpr or option
             key = entry = None
         if entry is None:
+            if key is None:
+                self.unkeyed_calls += 1
             compiled = self.kernel[grid](*args, **kwargs)
             tail = None if key is None else self.tail(len(args), kwargs)
             if tail is not None and getattr(compiled, "function", None) is not None:
@@ -192,8 +199,22 @@ class CachedLauncher:
         return compiled
 
 
+_ALL: list[CachedLauncher] = []  # every wrapper made, for slow_launches
+
+
 def cached_launch(kernel: Any) -> CachedLauncher:
     """Wrap a ``@triton.jit`` kernel so that repeated launches skip Triton's binding
     (:class:`CachedLauncher`); any other kernel object is launched as it is."""
-    return CachedLauncher(kernel)
+    wrapper = CachedLauncher(kernel)
+    _ALL.append(wrapper)
+    return wrapper
+
+
+def slow_launches() -> dict[str, int]:
+    """``{kernel name: calls}`` of the cached launches so far that had no key and so went
+    through Triton's binding (:attr:`CachedLauncher.unkeyed_calls`; only on CUDA, where
+    the fast path runs). Empty when every launch took the fast path or its first-call
+    compile."""
+    return {getattr(w.kernel, "__name__", repr(w.kernel)): w.unkeyed_calls
+            for w in _ALL if w.unkeyed_calls}
 

@@ -317,11 +317,12 @@ def dv_local_bwd_gluon(
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     d = _descriptors(q, k, do, out)
     warps = GLUON_DV_LOCAL_WARPS
-    cap = {"maxnreg": GLUON_DV_LOCAL_MAXNREG} if warps == 4 and GLUON_DV_LOCAL_MAXNREG else {}
+    constexprs = dict(GROUP=group, K=K, V=V, BT=_BT, TMA_STORE=GLUON_DV_LOCAL_TMA_STORE,
+                      num_warps=warps)
+    if warps == 4 and GLUON_DV_LOCAL_MAXNREG:
+        constexprs["maxnreg"] = GLUON_DV_LOCAL_MAXNREG
     _DV_LOCAL_GLUON_KERNEL[(NT, HV)](
         d["q_desc"], d["k_desc"], d["do_desc"], d["dv_desc"], G, out, index.chunk_start,
-        index.chunk_len, float(scale), HV,
-        GROUP=group, K=K, V=V, BT=_BT, TMA_STORE=GLUON_DV_LOCAL_TMA_STORE,
-        num_warps=warps, **cap,
+        index.chunk_len, float(scale), HV, **constexprs,
     )
     return out

@@ -618,11 +618,13 @@ def wy_fwd_gluon(
     descs = _descriptors(k, v, W, U)
     # the 16-bit inverse's TMA store (full chunks); otherwise an unused stand-in
     a_desc = (descriptor(rows_view(A_inv), [_BT, _BT]) if store == 16 else descs["w_desc"])
+    # runtime arguments positionally, as cached_launch's fast path takes them (one by
+    # keyword sends every call through Triton's argument binding)
     _WY_FWD_GLUON_KERNEL[(index.num_chunks, HV)](
-        **descs, a_desc=a_desc, beta=beta, G=G, A_inv=A_inv, W=W, U=U,
-        chunk_start=index.chunk_start, chunk_len=index.chunk_len, HV=HV,
-        GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=store, MERGE_K=GLUON_WY_MERGE_K,
-        num_warps=GLUON_WY_WARPS, maxnreg=GLUON_WY_MAXNREG,
+        descs["k_desc"], descs["v_desc"], descs["w_desc"], descs["u_desc"], a_desc, beta, G,
+        A_inv, W, U, index.chunk_start, index.chunk_len, HV, GROUP=group, K=_K, V=_V,
+        BT=_BT, STORE_A=store, MERGE_K=GLUON_WY_MERGE_K, num_warps=GLUON_WY_WARPS,
+        maxnreg=GLUON_WY_MAXNREG,
     )
     return (A_inv if output_A_inv else None), W, U
 
@@ -677,9 +679,8 @@ def wy_apply_gluon(
     if A_inv.dtype != k.dtype:
         A_inv = A_inv.to(k.dtype)
     _WY_APPLY_GLUON_KERNEL[(index.num_chunks, HV)](
-        **_descriptors(k, v, W, U), a_desc=descriptor(rows_view(A_inv), [_BT, _BT]),
-        beta=beta, G=G, W=W, U=U, chunk_start=index.chunk_start, chunk_len=index.chunk_len,
-        HV=HV, GROUP=group, K=_K, V=_V, BT=_BT, num_warps=GLUON_WY_APPLY_WARPS,
-        maxnreg=GLUON_WY_APPLY_MAXNREG,
+        *_descriptors(k, v, W, U).values(), descriptor(rows_view(A_inv), [_BT, _BT]), beta,
+        G, W, U, index.chunk_start, index.chunk_len, HV, GROUP=group, K=_K, V=_V, BT=_BT,
+        num_warps=GLUON_WY_APPLY_WARPS, maxnreg=GLUON_WY_APPLY_MAXNREG,
     )
     return W, U
