@@ -8,6 +8,8 @@ unchanged, the rest are ``None``), every kernel module still imports, and
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 __all__ = ["GLUON_ERROR", "fence_async_shared", "gl", "gluon", "mbarrier", "require_sm90",
@@ -50,7 +52,14 @@ def require_sm90(device: torch.device, what: str) -> None:
                            f"here: {GLUON_ERROR!r}")
     if device.type != "cuda":
         raise RuntimeError(f"{what} runs on CUDA sm_90 only, got device {device}")
-    cap = torch.cuda.get_device_capability(device)
+    cap = _capability(device.index if device.index is not None else torch.cuda.current_device())
     if cap != (9, 0):
         raise RuntimeError(f"{what} is compiled for sm_90a only, device {device} is "
                            f"sm_{cap[0]}{cap[1]}")
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    """The compute capability of CUDA device ``index``, read once (every Gluon launch asks:
+    ``torch.cuda.get_device_capability`` is a properties query each time)."""
+    return torch.cuda.get_device_capability(index)
