@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The next session's device calls (written in session 23, which had no device: nothing of
+# session 23 has run on a GPU). Name kind "nvidia-h200" (every anchor figure is an H200's).
+#
+#   call 1 (~450 s, no carry):  CALL_LIMIT=560 bash tools/h200_s24_validate.sh 1
+#       the Gluon WY tests (session 23 moved the WY forward's and WY apply's launch
+#       arguments from keywords to positions: the fast launch path; the same kernel, the
+#       same bits), host time at B1 T1024 with the launches that still went through
+#       Triton's binding listed (none expected), then session 22's timelines with the
+#       recompute stage off and on and one end-to-end pair — does the 16-head idle time
+#       with the recompute persist now that the forward's slow launch is gone?
+#   call 2 (~420 s, carry [".whl-base"]):  CALL_LIMIT=560 bash tools/h200_s22_validate.sh 2
+#       every gpu-marked test with the recompute stage asked for
+#   call 3 (~560 s, carry [".whl", ".whl-fla"], right after call 2):
+#       CALL_LIMIT=580 HOST_TIMEOUT=200 bash tools/h200_s21_validate.sh 3
+#       det against FlashQLA (all six shapes, one run), kernel tables, host against fla
+TAG=s24
+source "$(dirname "$0")/h200_lib.sh"
+
+step1() {
+  gpu_tests wy_tests.log 120 4 packages/gdn-core/tests/test_gluon_wy_gpu.py \
+    packages/gdn-core/tests/test_gluon_wy_apply_gpu.py packages/gdn-core/tests/test_launch_gpu.py
+  timeout 100 python3 benchmarks/host_overhead_gpu.py --no-fla --iters 100 --repeats 5 \
+    > "$LOG/host_T1024.txt" 2>&1
+  echo "host exit $?"; cat "$LOG/host_T1024.txt"
+  local on=grads,fused_state,wy,fused_fwd,recompute
+  for mode in off on; do  # session 22's timelines and kernel table, now without the slow launch
+    if [[ $mode == on ]]; then export GDN_CORE_GLUON=$on; else unset GDN_CORE_GLUON; fi
+    timeout 90 python3 benchmarks/profile_gdn.py --gaps --package det \
+      --shapes 4x8192x16x1,1x32768x16x8,1x32768x16x8x32 --benchmark-lengths --iters 10 \
+      --rows 6 > "$LOG/timelines_$mode.txt" 2>&1
+    echo "timelines $mode exit $?"; grep -E "===|timeline|idle" "$LOG/timelines_$mode.txt" | head -24
+  done
+  unset GDN_CORE_GLUON
+  local S="B4,T8192,H16;B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
+  E2E_TIMEOUT=50 e2e off1 "$S"
+  GDN_CORE_GLUON=$on E2E_TIMEOUT=50 e2e on1 "$S"
+}
+
+case "${1:-}" in
+  1) step1 ;;
+  *) echo "usage: bash tools/h200_s24_validate.sh 1 (calls 2-3: see the header)"; exit 2 ;;
+esac
+pack "$1"
