@@ -26,7 +26,7 @@ backend, or the interpreter with ``TRITON_INTERPRET=1``) as a check of the
 script; its figures mean nothing for the GPU.
 
     python benchmarks/host_overhead_gpu.py [--shape 1,1024,16,128,128] [--dtype bfloat16]
-        [--iters 200] [--no-fla] [--order gdn_train,gdn_det_train] [--json out.json]
+        [--iters 200] [--no-fla] [--order gdn_train,gdn_det_train] [--pin CPU] [--json out.json]
 
 fla dispatches to FlashQLA when ``flash_qla`` is importable: the ``fla`` arm sets
 ``FLA_FLASH_QLA=0`` before importing fla, so it times fla's own Triton kernels (the
@@ -222,8 +222,14 @@ def main() -> None:
     p.add_argument("--no-graph", action="store_true")
     p.add_argument("--order", default="gdn_det_train,gdn_train,fla",
                    help="the order the implementations are timed in (the rest after)")
+    p.add_argument("--pin", type=int, default=None, metavar="CPU",
+                   help="pin the process (every thread, every arm) to one CPU: autograd's "
+                        "device thread then runs on the caller's core (docs/performance.md)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.pin is not None:
+        os.sched_setaffinity(0, {args.pin})
+        print(f"pinned to CPU {args.pin} (all arms)")
 
     B, T, H, K, V = (int(x) for x in args.shape.split(","))
     dtype = getattr(torch, args.dtype)
@@ -231,7 +237,7 @@ def main() -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     ins, do = _inputs(B, T, H, K, V, dtype, args.device)
     results: dict = {"shape": args.shape, "dtype": args.dtype, "device": args.device,
-                     "iters": args.iters, "triton_launch_us": _triton_launch_us(args.device)}
+                     "iters": args.iters, "pinned_cpu": args.pin, "triton_launch_us": _triton_launch_us(args.device)}
     from gdn_core.ops.launch import slow_launches
     from gdn_core.ops.registry import record_launches
 

@@ -12,7 +12,8 @@
 #                      the tests, PROFILE=0 skips the profiles
 #   anchors_step       (after install_base) det against FlashQLA at SHAPES6 in one run
 #                      (qla.md/json), host time at B1 T1024 against fla (HOST_TIMEOUT, 230 s:
-#                      fla compiles first), the benchmarks/ probes named in S3_PROBES, and
+#                      fla compiles first; again with every arm pinned to CPU HOST_PIN if
+#                      set), the benchmarks/ probes named in S3_PROBES, and
 #                      KCP world 8 if 100 s of CALL_LIMIT are left
 #   gpu_tests LOGFILE SECONDS WORKERS PATH...
 #                      the gpu-marked tests of PATH... (pytest args) into $LOG/LOGFILE, then
@@ -89,6 +90,12 @@ anchors_step() {
   PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-230} python3 \
     benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 > "$LOG/host_T1024_fla.txt" 2>&1
   echo "host exit $?"; cat "$LOG/host_T1024_fla.txt"
+  if [[ -n ${HOST_PIN:-} ]]; then  # the same, every arm pinned to CPU HOST_PIN (fla compiled)
+    PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout ${HOST_TIMEOUT:-230} \
+      python3 benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 \
+      --pin "$HOST_PIN" > "$LOG/host_T1024_fla_pinned.txt" 2>&1
+    echo "host pinned exit $?"; cat "$LOG/host_T1024_fla_pinned.txt"
+  fi
   [[ -n ${S3_PROBES:-} ]] && for p in $S3_PROBES; do
     timeout 90 python3 "benchmarks/$p" > "$LOG/${p%.py}.txt" 2>&1
     echo "$p exit $?"; cut -c1-200 "$LOG/${p%.py}.txt" | tail -24

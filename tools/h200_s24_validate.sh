@@ -6,14 +6,15 @@
 #       the Gluon WY tests (session 23 moved the WY forward's and WY apply's launch
 #       arguments from keywords to positions: the fast launch path; the same kernel, the
 #       same bits), host time at B1 T1024 with the launches that still went through
-#       Triton's binding listed (none expected), then session 22's timelines with the
+#       Triton's binding listed (none expected; unpinned and pinned to one CPU), then session 22's timelines with the
 #       recompute stage off and on and one end-to-end pair — does the 16-head idle time
 #       with the recompute persist now that the forward's slow launch is gone?
 #   call 2 (~420 s, carry [".whl-base"]):  CALL_LIMIT=560 bash tools/h200_s22_validate.sh 2
 #       every gpu-marked test with the recompute stage asked for
 #   call 3 (~560 s, carry [".whl", ".whl-fla"], right after call 2):
-#       CALL_LIMIT=580 HOST_TIMEOUT=200 bash tools/h200_s21_validate.sh 3
+#       CALL_LIMIT=590 HOST_TIMEOUT=150 HOST_PIN=2 bash tools/h200_s21_validate.sh 3
 #       det against FlashQLA (all six shapes, one run), kernel tables, host against fla
+#       unpinned and pinned to one CPU (issue 18's ratio both ways)
 TAG=s24
 source "$(dirname "$0")/h200_lib.sh"
 
@@ -23,6 +24,9 @@ step1() {
   timeout 100 python3 benchmarks/host_overhead_gpu.py --no-fla --iters 100 --repeats 5 \
     > "$LOG/host_T1024.txt" 2>&1
   echo "host exit $?"; cat "$LOG/host_T1024.txt"
+  timeout 60 python3 benchmarks/host_overhead_gpu.py --no-fla --iters 100 --repeats 5 --pin 2 \
+    > "$LOG/host_T1024_pinned.txt" 2>&1
+  echo "host pinned exit $?"; cat "$LOG/host_T1024_pinned.txt"
   local on=grads,fused_state,wy,fused_fwd,recompute
   for mode in off on; do  # session 22's timelines and kernel table, now without the slow launch
     if [[ $mode == on ]]; then export GDN_CORE_GLUON=$on; else unset GDN_CORE_GLUON; fi
