@@ -237,7 +237,8 @@ def main() -> None:
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     ins, do = _inputs(B, T, H, K, V, dtype, args.device)
     results: dict = {"shape": args.shape, "dtype": args.dtype, "device": args.device,
-                     "iters": args.iters, "pinned_cpu": args.pin, "triton_launch_us": _triton_launch_us(args.device)}
+                     "iters": args.iters, "pinned_cpu": args.pin,
+                     "triton_launch_us": _triton_launch_us(args.device)}
     from gdn_core.ops.launch import slow_launches
     from gdn_core.ops.registry import record_launches
 
