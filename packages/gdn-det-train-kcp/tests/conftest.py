@@ -1,35 +1,23 @@
-"""gdn-det-train-kcp tests: the shared KCP fixtures (:mod:`gdn_core.suites.kcp_fixtures`; CPU
-runs use the fp32 reference backend), this package as ``kcp_package`` and its
-worker scripts' prefix.
-
-When the repository's packages are not installed (a plain checkout), their
-``src`` directories are put on ``sys.path`` (and so reach the gloo worker
-processes too).
-"""
+"""gdn-det-train-kcp tests: the shared KCP fixtures (:mod:`gdn_core.suites.kcp_fixtures`; CPU runs
+use the fp32 reference backend), this package as ``kcp_package`` and its worker scripts'
+prefix (``det_kcp_worker.py``, ``det_kcp_agree_worker.py``, …). In a plain checkout (not
+installed) the sources of gdn-core and of this package are put on ``sys.path`` (the gloo
+workers inherit it)."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
-
 _PACKAGES = Path(__file__).resolve().parents[2]
-for _name, _dir in (("gdn_core", "gdn-core"), ("gdn_det_train_kcp", "gdn-det-train-kcp")):
+for _name in ("gdn_core", "gdn_det_train_kcp"):
     if importlib.util.find_spec(_name) is None:
-        sys.path.insert(0, str(_PACKAGES / _dir / "src"))
+        sys.path.insert(0, str(_PACKAGES / _name.replace("_", "-") / "src"))
 
-from gdn_core.suites.kcp_fixtures import *  # noqa: E402,F403 - the shared KCP fixtures
+from gdn_core.suites.kcp_fixtures import *  # noqa: E402,F403
+from gdn_core.suites.package_fixture import package_fixture, value_fixture  # noqa: E402
 
+# isort: split
+import gdn_det_train_kcp  # noqa: E402 - after the shared fixtures' set-up
 
-@pytest.fixture(scope="session")
-def kcp_package():
-    """This package, for the shared KCP suites (:mod:`gdn_core.suites`)."""
-    import gdn_det_train_kcp
-
-    return gdn_det_train_kcp
-
-
-@pytest.fixture(scope="session")
-def kcp_worker_prefix() -> str:
-    """Its worker scripts here are ``det_kcp_worker.py``, ``det_kcp_agree_worker.py``, …"""
-    return "det_kcp"
+kcp_package = package_fixture(gdn_det_train_kcp, "kcp_package")
+kcp_worker_prefix = value_fixture("det_kcp", "kcp_worker_prefix")

@@ -1,30 +1,21 @@
-"""gdn-det-train tests: the process set-up and fixtures of
-:mod:`gdn_core.suites.single_rank_fixtures` (deterministic algorithms, the CPU
-reference backend, one intra-op thread), and this package as ``package``.
-
-In a plain checkout (packages not installed) the sources of this package and of
-gdn-core are put on ``sys.path``; an installed package takes precedence.
-"""
-
-from __future__ import annotations
+"""gdn-det-train tests: the shared single-rank suites' set-up and fixtures
+(:mod:`gdn_core.suites.single_rank_fixtures`: deterministic algorithms, the CPU reference
+backend, one intra-op thread) and this package as ``package``. In a plain checkout (not
+installed) the sources of gdn-core and of this package are put on ``sys.path``."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
-
 _PACKAGES = Path(__file__).resolve().parents[2]
-for _name, _src in (("gdn_core", "gdn-core/src"), ("gdn_det_train", "gdn-det-train/src")):
+for _name in ("gdn_core", "gdn_det_train"):
     if importlib.util.find_spec(_name) is None:
-        sys.path.insert(0, str(_PACKAGES / _src))
+        sys.path.insert(0, str(_PACKAGES / _name.replace("_", "-") / "src"))
 
-from gdn_core.suites.single_rank_fixtures import *  # noqa: E402,F403 - set-up and shared fixtures
+from gdn_core.suites.package_fixture import package_fixture  # noqa: E402
+from gdn_core.suites.single_rank_fixtures import *  # noqa: E402,F403
 
+# isort: split
+import gdn_det_train  # noqa: E402 - after the shared fixtures' set-up
 
-@pytest.fixture(scope="session")
-def package():
-    """This package (the imported module), for the shared suites."""
-    import gdn_det_train
-
-    return gdn_det_train
+package = package_fixture(gdn_det_train)

@@ -8,11 +8,11 @@ imports a suite's tests::
 
 and its ``conftest.py`` imports the shared fixtures
 (:mod:`~gdn_core.suites.single_rank_fixtures`) and provides ``package`` (the
-imported package), from which the ``api`` fixture comes: the package's
-:class:`gdn_core.frontend.SingleRankAPI` (its public functions ``autograd``,
-``fwd``, ``bwd``, ``conv``, its classes ``saved_cls``, ``workspace_cls``,
-``grads_cls``, ``deterministic`` and ``mode``). The ``kcp_*`` suites serve the KCP
-twins the same way through :mod:`~gdn_core.suites.kcp_fixtures`: ``kcp_api`` (the
+imported package: :mod:`~gdn_core.suites.package_fixture`), from which the
+``api`` fixture comes: the package's :class:`gdn_core.frontend.SingleRankAPI` (its
+public functions ``autograd``, ``fwd``, ``bwd``, ``conv``, its classes ``saved_cls``,
+``workspace_cls``, ``grads_cls``, ``deterministic`` and ``mode``). The ``kcp_*`` suites
+serve the KCP twins the same way through :mod:`~gdn_core.suites.kcp_fixtures`: ``kcp_api`` (the
 package's :class:`gdn_core.kcp_frontend.KCPAPI`) from ``kcp_package``, and the
 paths of the package's worker scripts (``kcp_world_worker``, ``kcp_agree_worker``,
 ``kcp_compile_worker``, ``kcp_nccl_worker``) from its ``kcp_worker_prefix``; a

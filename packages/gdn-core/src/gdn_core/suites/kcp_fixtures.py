@@ -1,8 +1,9 @@
 """The fixtures of the KCP packages' test suites, shared.
 
 A KCP package's ``conftest.py`` puts the checkout's sources on ``sys.path`` (a plain
-checkout; the gloo workers inherit it), imports everything from here and provides
-``kcp_package`` (the imported package) and ``kcp_worker_prefix``: its worker scripts
+checkout; the gloo workers inherit it), imports everything from here, then its package,
+and provides ``kcp_package`` and ``kcp_worker_prefix``
+(:mod:`gdn_core.suites.package_fixture`): its worker scripts
 next to its tests are ``<prefix>_worker.py`` (the world suite),
 ``<prefix>_agree_worker.py``, ``<prefix>_compile_worker.py`` and
 ``<prefix>_nccl_worker.py``; each passes the package's API to a :mod:`gdn_core.suites`

@@ -1,8 +1,8 @@
 """The process set-up and fixtures of the single-rank packages' test suites.
 
 A package's ``conftest.py`` puts the checkout's sources on ``sys.path`` (a plain
-checkout), imports everything from here and provides the ``package`` fixture (the
-imported package). Importing this module:
+checkout), imports everything from here, then its package, and provides the ``package``
+fixture (:func:`gdn_core.suites.package_fixture.package_fixture`). Importing this module:
 
 * sets ``CUBLAS_WORKSPACE_CONFIG`` before CUDA starts (cuBLAS refuses deterministic
   mode without it);
