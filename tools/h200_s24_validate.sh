@@ -9,8 +9,11 @@
 #       Triton's binding listed (none expected; unpinned and pinned to one CPU), then session 22's timelines with the
 #       recompute stage off and on and one end-to-end pair — does the 16-head idle time
 #       with the recompute persist now that the forward's slow launch is gone?
-#   call 2 (~420 s, carry [".whl-base"]):  CALL_LIMIT=560 bash tools/h200_s22_validate.sh 2
-#       every gpu-marked test with the recompute stage asked for
+#   call 2 (~420 s, carry [".whl-base"]), from branch `recompute-default` (recompute among
+#   DEFAULT_STAGES, its tests updated: `git checkout recompute-default` here first):
+#       CALL_LIMIT=560 bash tools/h200_s24_validate.sh 2
+#       every gpu-marked test with the default stages (GDN_CORE_GLUON unset). Green and call
+#       1 showing the kernels faster: merge the branch into main.
 #   call 3 (~560 s, carry [".whl", ".whl-fla"], right after call 2):
 #       CALL_LIMIT=590 HOST_TIMEOUT=150 HOST_PIN=2 bash tools/h200_s21_validate.sh 3
 #       det against FlashQLA (all six shapes, one run), kernel tables, host against fla
@@ -41,8 +44,18 @@ step1() {
   GDN_CORE_GLUON=$on E2E_TIMEOUT=50 e2e on1 "$S"
 }
 
+step2() {
+  install_base  # FlashQLA's base wheels into /tmp for call 3, made right after
+  unset GDN_CORE_GLUON
+  gpu_tests gpu_tests.log 330 12 packages/gdn-core/tests packages/gdn-det-train/tests \
+    packages/gdn-train/tests packages/gdn-det-train-kcp/tests
+  grep -cE "PASSED" "$LOG/gpu_tests.log"
+  git log --oneline -1 > "$LOG/branch.txt" 2>&1
+}
+
 case "${1:-}" in
   1) step1 ;;
-  *) echo "usage: bash tools/h200_s24_validate.sh 1 (calls 2-3: see the header)"; exit 2 ;;
+  2) step2 ;;
+  *) echo "usage: bash tools/h200_s24_validate.sh 1|2 (call 3: see the header)"; exit 2 ;;
 esac
 pack "$1"
