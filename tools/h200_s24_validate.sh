@@ -6,9 +6,9 @@
 #       the Gluon WY tests (session 23 moved the WY forward's and WY apply's launch
 #       arguments from keywords to positions: the fast launch path; the same kernel, the
 #       same bits), host time at B1 T1024 with the launches that still went through
-#       Triton's binding listed (none expected; unpinned and pinned to one CPU), then session 22's timelines with the
-#       recompute stage off and on and one end-to-end pair — does the 16-head idle time
-#       with the recompute persist now that the forward's slow launch is gone?
+#       Triton's binding listed (none expected; unpinned and pinned to one CPU), then
+#       session 22's timelines with the recompute stage off and on, twice, and one
+#       end-to-end pair: does the 16-head idle time with the recompute persist?
 #   call 2 (~420 s, carry [".whl-base"]), from branch `recompute-default` (recompute among
 #   DEFAULT_STAGES, its tests updated: `git checkout recompute-default` here first):
 #       CALL_LIMIT=560 bash tools/h200_s24_validate.sh 2
