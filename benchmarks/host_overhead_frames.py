@@ -17,12 +17,14 @@ One document, ``B=1 T=128 H=HV=1 K=V=16`` fp32 by default (the figures of
 issue 18). The kernels really run (interpreted), so the path taken is the real
 one.
 
-    python benchmarks/host_overhead_frames.py [--T 128] [--docs 1] [--json out.json]
+    python benchmarks/host_overhead_frames.py [--T 128] [--docs 1] [--segment-size S]
+        [--by-function N] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import sys
@@ -78,10 +80,13 @@ class Probe:
     def _profile(self, frame, event, arg):
         if event == "call" and not self._in_kernel and _project(frame.f_code):
             self.calls += 1
+            code = frame.f_code
+            self.by_function[f"{code.co_filename.split('/src/')[-1]}:{code.co_name}"] += 1
 
     def __enter__(self):
         self.calls = self.launches = 0
         self.first_stack = None
+        self.by_function = collections.Counter()
         sys.setprofile(self._profile)
         return self
 
@@ -109,7 +114,7 @@ def _trim(stack: list[str], public: str) -> list[str]:
     return stack
 
 
-def measure(pkg_name: str, T: int, docs: int) -> dict:
+def measure(pkg_name: str, T: int, docs: int, segment_size: int | None = None) -> dict:
     import importlib
 
     pkg = importlib.import_module(pkg_name)
@@ -120,10 +125,11 @@ def measure(pkg_name: str, T: int, docs: int) -> dict:
     bwd = getattr(pkg, f"chunk_gdn{sfx}_bwd")
     probe = Probe()
     out: dict = {"package": pkg_name, "T": T, "docs": docs}
+    kw = {} if segment_size is None else {"segment_size": segment_size}
 
     def autograd_call():
         ins, do, cu = _inputs(T, docs, grad=True)
-        o, _ = auto(*ins, cu_seqlens=cu)
+        o, _ = auto(*ins, cu_seqlens=cu, **kw)
         return o, do
 
     for _ in range(2):  # warm: caches, lazy imports, the interpreter's first-call setup
@@ -131,20 +137,22 @@ def measure(pkg_name: str, T: int, docs: int) -> dict:
         o.backward(do)
     ins, do, cu = _inputs(T, docs, grad=True)
     with probe:
-        o, _ = auto(*ins, cu_seqlens=cu)
+        o, _ = auto(*ins, cu_seqlens=cu, **kw)
     out["autograd_fwd"] = {"calls": probe.calls, "launches": probe.launches,
                            "stack": _trim(probe.first_stack, auto.__name__)}
+    fwd_counts = probe.by_function
     with probe:
         o.backward(do)
     out["autograd_bwd"] = {"calls": probe.calls, "launches": probe.launches,
                            "stack": probe.first_stack}
+    out["autograd_by_function"] = dict((fwd_counts + probe.by_function).most_common())
 
     ins, do, cu = _inputs(T, docs)
     for _ in range(2):
-        _, _, saved = fwd(*ins, cu_seqlens=cu)
+        _, _, saved = fwd(*ins, cu_seqlens=cu, **kw)
         bwd(saved, do)
     with probe:
-        _, _, saved = fwd(*ins, cu_seqlens=cu)
+        _, _, saved = fwd(*ins, cu_seqlens=cu, **kw)
     out["split_fwd"] = {"calls": probe.calls, "launches": probe.launches,
                         "stack": _trim(probe.first_stack, fwd.__name__)}
     with probe:
@@ -159,12 +167,17 @@ def main() -> None:
     p.add_argument("--T", type=int, default=128)
     p.add_argument("--docs", type=int, default=1)
     p.add_argument("--packages", default="gdn_det_train,gdn_train")
+    p.add_argument("--segment-size", type=int, default=None,
+                   help="passed to every call (default: the packages' own, 4096)")
+    p.add_argument("--by-function", type=int, default=0, metavar="N",
+                   help="also list the N project functions called most in the autograd "
+                        "forward+backward")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
     torch.set_num_threads(1)
     results = []
     for name in args.packages.split(","):
-        r = measure(name, args.T, args.docs)
+        r = measure(name, args.T, args.docs, args.segment_size)
         results.append(r)
         print(f"{name}  T={args.T} docs={args.docs}")
         for key in ("autograd", "split"):
@@ -174,6 +187,8 @@ def main() -> None:
                   f"frames to first launch: fwd {len(f['stack'])}, bwd {len(b['stack'])}")
             print(f"      fwd: {' > '.join(f['stack'])}")
             print(f"      bwd: {' > '.join(b['stack'])}")
+        for fn, n in list(r["autograd_by_function"].items())[:args.by_function]:
+            print(f"    {n:4d}  {fn}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

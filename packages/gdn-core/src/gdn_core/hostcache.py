@@ -240,13 +240,17 @@ def device_int_tables(tables: Sequence[Sequence[int]], device: torch.device | st
                       dtype: torch.dtype = torch.int32) -> tuple[torch.Tensor, ...]:
     """``tables`` (host int sequences) as device tensors of ``dtype``, one copy, cached.
 
-    Keyed on the values themselves (tuples) and the device: a kernel launcher
+    Keyed on the values themselves (tuples; a table given as a tuple is taken as it is,
+    other sequences through ``int`` per element) and the device: a kernel launcher
     that is handed host lists per call (e.g. the fold chains of a layout)
     reaches its device tables without a host→device copy from the second call
     of a layout on.
     """
     dev = device_key(device)
-    key = (tuple(tuple(int(x) for x in t) for t in tables), dev, dtype)
+    # a tuple (the layouts' memoised chain tables) keys as it is: hashed and compared in C,
+    # where a per-element int() would cost Python work proportional to the layout per call
+    key = (tuple(t if type(t) is tuple else tuple(int(x) for x in t) for t in tables), dev,
+           dtype)
     return _INT_TABLES.get_or_build(
         key, lambda: tuple(pack_tables([(t, dtype) for t in key[0]], dev)),
         store=not capturing(dev),
