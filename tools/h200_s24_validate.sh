@@ -14,7 +14,8 @@
 #       CALL_LIMIT=560 bash tools/h200_s24_validate.sh 2
 #       every gpu-marked test with the default stages (GDN_CORE_GLUON unset). Green and call
 #       1 showing the kernels faster: merge the branch into main.
-#   call 3 (~560 s, carry [".whl", ".whl-fla"], right after call 2):
+#   call 3 (~560 s, carry [".whl", ".whl-fla"], right after call 2; still on the branch if
+#   call 2 was green, so that the table is the new default's):
 #       CALL_LIMIT=590 HOST_TIMEOUT=150 HOST_PIN=2 bash tools/h200_s21_validate.sh 3
 #       det against FlashQLA (all six shapes, one run), kernel tables, host against fla
 #       unpinned and pinned to one CPU (issue 18's ratio both ways)
