@@ -639,6 +639,35 @@ def fused_state_reports() -> None:
             print_specialised(out["ptx"])
 
 
+def fused_bwd_reports() -> None:
+    """The fused backward (:mod:`gdn_core.ops.gluon.fused_bwd`: the reverse recurrence and
+    every chunk gradient in one warp-specialised launch) as its launcher builds it (bf16,
+    K = V = 128, chunks of 64, H = HV = 16, ``dht`` fp32, bf16 ``dq``/``dk``; documents in
+    index order, then longest first): ptxas figures, shared bytes, the ``setmaxnreg`` of
+    each partition and its ``bar.sync`` / ``mbarrier`` counts."""
+    import torch
+    from gdn_core.ops.gluon import fused_bwd as fb
+
+    T, NT, N, H, K = 1024, 16, 2, 16, 128
+    bf = torch.bfloat16
+    x = torch.zeros(T, H, K, dtype=bf)
+    h = torch.zeros(NT, H, K, K, dtype=bf)
+    a = torch.zeros(T, H, 64, dtype=bf)
+    i32 = torch.zeros(N + 1, dtype=torch.int32)
+    st = torch.zeros(N, H, K, K)
+    for ordered in (False, True):
+        args = dict(fb._descriptors(x, x, x, x, x, x, h, a), G=torch.zeros(T, H),
+                    beta=torch.zeros(T, H, dtype=bf), dht=st, dq=x, dk=x, dv=x,
+                    dbeta=torch.zeros(T, H, dtype=bf), dg=torch.zeros(T, H), dh0=st,
+                    doc_offsets=i32, doc_chunk_offsets=i32, doc_order=i32, scale=0.5, HV=H)
+        print(f"H=HV={H} ordered={ordered} S_REGS={fb.GLUON_FUSED_BWD_S_REGS}")
+        out = report_gluon(fb._fused_bwd_gluon_kernel, args,
+                           dict(K=K, V=K, BT=64, USE_DHT=True,
+                                S_REGS=fb.GLUON_FUSED_BWD_S_REGS, ORDERED=ordered),
+                           num_warps=8, maxnreg=fb._MAXNREG)
+        print_specialised(out["ptx"])
+
+
 def conv_reports() -> None:
     """The conv1d kernels as :func:`gdn_core.ops.conv1d.conv1d_fwd` and
     :func:`gdn_core.ops.conv1d_bwd.conv1d_bwd` launch them (bf16, W = 4, SiLU, no bias)."""
@@ -720,6 +749,7 @@ if __name__ == "__main__":
              "gluon_recompute": gluon_recompute_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
              "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
+             "fused_bwd": fused_bwd_reports,
              "l2norm": l2norm_reports,
              "wy_inv": wy_inv_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:

@@ -352,10 +352,12 @@ def _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c):
 
 @gluon.jit
 def _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
-             BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr):
+             BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr,
+             E_OVER_DT: gl.constexpr = False):
     """Phase C: ``E' = (−Tᵀ dT Tᵀ) ⊙ e`` on the strict lower triangle into ``e_s`` and
     ``diag(β) E'`` into ``eb_s``, ``K Kᵀ``, and the crossing sums of ``Mw = E' ⊙ diag(β)
-    K Kᵀ`` (returned); ends with a CTA barrier."""
+    K Kᵀ`` (returned); ends with a CTA barrier. ``E_OVER_DT``: ``e_s`` is ``dt_s`` (8 KB
+    of shared memory less; a CTA barrier before ``E'`` overwrites ``dT Tᵀ``)."""
     dtype: gl.constexpr = dt_s.dtype
     dt_s.store(d_t.to(dtype))
     fence_async_shared()
@@ -370,6 +372,8 @@ def _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
     da = warpgroup_mma(a_s.permute((1, 0)), dt_s, z64, use_acc=False, is_async=True)
     kk = warpgroup_mma_wait(1, deps=[kk, k_s])[0]
     da = warpgroup_mma_wait(0, deps=[da, a_s, dt_s])[0]
+    if E_OVER_DT:
+        gl.thread_barrier()  # both warpgroups' reads of dT Tᵀ are done: its tile takes E'
     m_low1 = (rows[:, None] > cols[None, :]) & (rows[:, None] < n)
     e = gl.where(m_low1, -da * gl.exp(gl.where(m_low1, g_r[:, None] - g_c[None, :], 0.0)), 0.0)
     e_s.store(e.to(dtype))

@@ -1,0 +1,510 @@
+"""The reverse state recurrence and every chunk gradient in one warp-specialised launch, in
+Gluon for Hopper (sm_90a): step 2 of ``docs/fused_backward.md`` §3.
+
+Stage ``fused_bwd`` of :data:`gdn_core.ops.gluon.STAGES` (by name only until the H200 has
+timed it), K = V = 128, chunks of 64, 16-bit inputs, one value head per q/k head. One launch
+replaces :func:`~gdn_core.ops.gluon.fused_state_bwd.fused_state_bwd_gluon` (``store=True``)
+followed by :func:`~gdn_core.ops.gluon.chunk_grads.chunk_grads_bwd_gluon`: the state
+gradients ``dh`` and ``dV'`` never reach memory (3 units of one ``[T, HV, 128]`` 16-bit
+tensor less at the backward's peak, ~96 KB less HBM traffic a (chunk, head)), and the
+chunk gradients of a segment run in the same CTA as its reverse chain, chunk after chunk,
+their tiles refilled as they die instead of loaded before every tile's math.
+
+**Grid and partitions.** One CTA per (document, value head), walking the document's chunks
+last first (documents longest first unless ``GDN_CORE_DOC_ORDER=0``; the bits do not
+depend on the order). ``gl.warp_specialize`` splits it into (12 warps, 168 registers a
+thread in each):
+
+* **G** (default, 8 warps, two warpgroups): per chunk ``c``, first ``X = K_c·dS16_{c+1}``
+  and ``dvl = round(round(scale·(K Qᵀ ⊙ decay ⊙ mask)) dO)`` (today's ``dv_local``), then
+  ``dU = round(X ⊙ kd + dvl)`` (today's ``dV'``) into a shared tile for S; then the chunk
+  gradients, phases A–D of :mod:`~gdn_core.ops.gluon.chunk_grads` (its very helpers) with
+  ``dU`` and ``dS16_{c+1}`` (today's ``dh[c]``) from shared memory; after phase B it writes
+  ``−round(Γ·scale ⊙ dO)`` over its spent ``dO`` tile for S. It issues the TMA loads of its
+  own tiles (q, k, v, ``v_new``, ``A_inv``, ``h``) for chunk ``c − 1`` once phase D is done.
+* **S** (worker, 4 warps, one warpgroup): the chain. It holds ``N = −dSᵀ`` (128×128 fp32,
+  128 registers a thread) and, per chunk, once G has published ``dU`` and ``−dos``:
+  ``N = exp(G_last)·N``, ``N += (−dos)ᵀ Q``, ``N += dUᵀ W`` (every operand from shared
+  memory), then ``dS16_c = round(−N)`` into the ``dS`` tile once G is done reading
+  ``dS16_{c+1}``. It loads ``W`` and ``dO`` (TMA) for chunk ``c − 1`` after its products,
+  zeroes a short first chunk's foreign ``W`` rows, and stores ``dh0 = −N`` at the end.
+
+**Bits.** Every product is formed with the operands, roundings and accumulation order of
+the two kernels it replaces: the chain's ``dS_c = (γ dS + dosᵀ Q) − dUᵀ W`` in that order
+on one accumulator, kept negated (``−((−A)·B + (−C)) = A·B + C`` elementwise; measured on
+the H200 for wgmma, ``benchmarks/wgmma_operand_bits_probe.py``, session 19, where an A
+operand from registers, a K-major or an MN-major shared tile also gave the same bits), and
+``X = K·dS16`` as the transpose of the proven ``Xᵀ = dS16ᵀ Kᵀ`` (``(Bᵀ Aᵀ)ᵀ = A B``, same
+probe). So ``dq, dk, dv, dg, dβ, dh0`` are meant to be bitwise those of the default path
+(``fused_state`` then ``grads``); ``tests/test_gluon_fused_bwd_gpu.py`` checks it on the
+GPU. Zeros may differ in sign only (an exact cancellation is ``+0`` either way before the
+negation), which ``torch.equal`` does not see.
+
+**mbarriers** (each completes once a chunk; a wait's parity is the chunk's ordinal & 1):
+``ld_g`` (G's TMA), ``ld_s`` (S's TMA: ``W``, ``dO``; both wait on it), ``du_ready`` and
+``dos_ready`` (G → S), ``q_free`` (S → G: S's Q term is done, Q may be refilled),
+``ds_free`` (G → S: ``dS16_{c+1}`` read for the last time) and ``ds_ready`` (S → G: the
+``dS`` tile holds ``dS16_c``; also once before the first chunk, with ``round(dht)``). Every
+arrival from a multi-warp partition follows ``fence_async_shared`` where generic shared
+accesses precede async ones, and the partition-local ``thread_barrier``.
+
+**Short chunks.** Only a document's last chunk (the first processed) can be short: G zeroes
+rows ``≥ n`` of q, k, v, ``v_new``, dO and ``A_inv``'s rows and columns, S those of ``W``,
+before any product (a select: NaN is cleared too), G and β are loaded masked and nothing is
+stored past ``n``: the rules of both kernels it replaces, so a NaN cannot cross documents.
+
+**Shared memory** (single-buffered; 16-bit tiles): q, k, v (then ``dW``), ``v_new``, dO
+(then ``−dos``), ``dU``, ``W`` (7 × 16 KB), ``h`` and ``dS`` (2 × 32 KB), ``A_inv``, ``ds``
+(first ``round(Pᵀ)`` for ``dvl``), ``dT`` (then ``dT Tᵀ``), ``E'``, ``diag(β)E'`` (5 ×
+8 KB): 221,184 B of tiles, plus the compiler's scratch for the crossing sums' layout
+conversions. The compile report (``tools/sm90_report.py fused_bwd``) gives the total.
+
+Determinism: no atomics, each output row owned by one CTA, every sum in a fixed order.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gdn_core.chunking import ChunkIndex, ordered_docs
+from gdn_core.ops.chunk_grads_bwd import grad_outputs
+from gdn_core.ops.gluon.chunk_grads import (
+    _chunk_vectors,
+    _phase_a_scores,
+    _phase_a_values,
+    _phase_b_dq,
+    _phase_b_dt,
+    _phase_c,
+    _phase_d_c,
+    _phase_d_dk,
+    _phase_d_state,
+    _store_dg_dbeta,
+    _store_rows,
+    _zero_rows,
+    _zero_short_chunk,
+)
+from gdn_core.ops.gluon.fused_state_bwd import _doc_program, _doc_span
+from gdn_core.ops.gluon.lang import (
+    fence_async_shared,
+    gl,
+    gluon,
+    mbarrier,
+    require_sm90,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
+from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.launch import cached_launch
+from gdn_core.ops.registry import launcher
+
+try:
+    from triton.language import range as _loop  # tl.range: for its disable_licm
+except ImportError:  # pragma: no cover - every Triton with Gluon has it
+    _loop = range
+
+__all__ = ["GLUON_FUSED_BWD_S_REGS", "fused_bwd_gluon", "gluon_fused_bwd_supported"]
+
+#: Registers a thread of the chain partition S (4 warps); G (8 warps) gets what is left of
+#: 168 a thread over the 12 warps: ``(3·168 − S) / 2`` = 168 at 168.
+GLUON_FUSED_BWD_S_REGS = 168
+_MAXNREG = 168
+_BT, _K, _V = 64, 128, 128
+
+
+@gluon.jit
+def _issue_g_loads(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, bar,
+                   q_s, k_s, v_s, vn_s, a_s, h_s, t0, tk, tv, ta, th):
+    """G's six TMA loads of one chunk on ``bar``: q, k, v, ``v_new``, ``A_inv``, ``h``."""
+    mbarrier.expect(bar, 4 * q_desc.block_type.nbytes + a_desc.block_type.nbytes
+                    + h_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [t0, tk], bar, k_s)
+    tma.async_copy_global_to_shared(q_desc, [t0, tk], bar, q_s)
+    tma.async_copy_global_to_shared(vn_desc, [t0, tv], bar, vn_s)
+    tma.async_copy_global_to_shared(v_desc, [t0, tv], bar, v_s)
+    tma.async_copy_global_to_shared(a_desc, [t0, ta], bar, a_s)
+    tma.async_copy_global_to_shared(h_desc, [th, 0], bar, h_s)
+
+
+@gluon.jit
+def _issue_s_loads(w_desc, do_desc, bar, w_s, do_s, t0, tw, tv):
+    """S's two TMA loads of one chunk on ``bar``: ``W`` and ``dO``."""
+    mbarrier.expect(bar, w_desc.block_type.nbytes + do_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(do_desc, [t0, tv], bar, do_s)
+    tma.async_copy_global_to_shared(w_desc, [t0, tw], bar, w_s)
+
+
+@gluon.jit
+def _dvl_and_du(k_s, q_s, do_s, ds_s, dS_s, du_s, rows, cols, g_r, g_c, kd128, n, scale,
+                z64, z128, BT: gl.constexpr, L128: gl.constexpr):
+    """``dU = round(K·dS16 ⊙ kd + round(Pᵀ dO))`` into ``du_s`` (today's ``dV'``), with
+    ``Pᵀ = round(scale · K Qᵀ ⊙ exp(G_i − G_j) ⊙ [i ≥ j, i < n])`` passed through ``ds_s``
+    (free until phase A): the products and roundings of ``dv_local`` and of the state
+    backward's ``dV'``. Ends with a fence and a CTA barrier."""
+    pt = warpgroup_mma(k_s, q_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    x = warpgroup_mma(k_s, dS_s, z128, use_acc=False, is_async=True)
+    pt = warpgroup_mma_wait(1, deps=[pt, k_s, q_s])[0]
+    causal = (cols[None, :] >= rows[:, None]) & (cols[None, :] < n)
+    decay = gl.exp(gl.where(causal, g_c[None, :] - g_r[:, None], 0.0))
+    p = gl.where(causal, pt * decay * scale, 0.0)
+    ds_s.store(p.to(ds_s.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+    dvl = warpgroup_mma(ds_s, do_s, z128, use_acc=False, is_async=True)
+    x = warpgroup_mma_wait(1, deps=[x, k_s, dS_s])[0]
+    dvl = warpgroup_mma_wait(0, deps=[dvl, ds_s, do_s])[0]
+    r128 = gl.arange(0, BT, layout=gl.SliceLayout(1, L128))
+    dvl = gl.where((r128 < n)[:, None], dvl.to(du_s.dtype).to(gl.float32), 0.0)
+    du_s.store((x * kd128[:, None] + dvl).to(du_s.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _neg_dos(do_s, gam_r, n, scale, IO: gl.constexpr):
+    """``−round(dO ⊙ Γ·scale)`` over the spent ``dO`` tile (rows ``≥ n`` zero): the chain's
+    Q-term operand, negated. Ends with a fence and a CTA barrier."""
+    gam = gl.convert_layout(gam_r, gl.SliceLayout(1, IO))
+    x = do_s.load(IO).to(gl.float32)
+    do_s.store((-(x * (gam * scale)[:, None])).to(do_s.dtype))
+    fence_async_shared()
+    gl.thread_barrier()
+
+
+@gluon.jit
+def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
+                     q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s,
+                     ld_g, ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready,
+                     G, beta, dq, dk, dv, dbeta, dg, doc_offsets, doc_chunk_offsets, i_n,
+                     i_hv, HV, tk, tv, scale, K: gl.constexpr, V: gl.constexpr,
+                     BT: gl.constexpr):
+    """G (default, 8 warps): per chunk, ``dU`` for S, then phases A–D of the chunk
+    gradients, ``−dos`` for S after phase B, and the next chunk's loads after phase D."""
+    gl.static_assert(gl.num_warps() == 8)
+    L64: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BT // 2, 16])
+    L128: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, V // 2, 16])
+    R64: gl.constexpr = gl.SliceLayout(1, L64)
+    C64: gl.constexpr = gl.SliceLayout(0, L64)
+    R128: gl.constexpr = gl.SliceLayout(1, L128)
+    IO: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[8, 1], order=[1, 0])
+    SCAN: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 2], threads_per_warp=[1, 32], warps_per_cta=[8, 1], order=[1, 0])
+
+    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
+    c0 = gl.load(doc_chunk_offsets + i_n)
+    ta = i_hv * BT
+    if n_chunks > 0:
+        ic0 = n_chunks - 1
+        _issue_g_loads(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, ld_g, q_s, k_s, v_s,
+                       vn_s, a_s, h_s, bos + ic0 * BT, tk, tv, ta, ((c0 + ic0) * HV + i_hv) * K)
+    rows = gl.arange(0, BT, layout=R64)
+    cols = gl.arange(0, BT, layout=C64)
+    # disable_licm: the body's thread-invariant shared-memory offsets hoisted out of the
+    # loop would stay live through it (chunk_grads' reason too)
+    for it in _loop(0, n_chunks, disable_licm=True):
+        ph = it & 1
+        ic = n_chunks - 1 - it
+        t0 = bos + ic * BT
+        n = gl.minimum(eos - t0, BT)
+        p_s = t0.to(gl.int64) * HV + i_hv
+        g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
+            G, beta, p_s, n, HV, rows, cols, R128)
+        mbarrier.wait(ld_g, ph)
+        mbarrier.wait(ld_s, ph)
+        if n < BT:  # the first chunk only; du_s is written below, after the zeroing
+            _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT, K, V, IO, SCAN)
+        mbarrier.wait(ds_ready, ph)
+        z64 = gl.zeros([BT, BT], gl.float32, L64)
+        z128 = gl.zeros([BT, V], gl.float32, L128)
+        _dvl_and_du(k_s, q_s, do_s, ds_s, dS_s, du_s, rows, cols, g_r, g_c, kd128, n, scale,
+                    z64, z128, BT, L128)
+        mbarrier.arrive(du_ready, count=1)
+
+        # ---- A: dP = dO V'ᵀ and Q Kᵀ; ds; Mo's crossing sums; dṼ, dv; X1 = dU Vᵀ
+        dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+        qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+        cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
+                               scale, BT, SCAN, R64)
+        x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V,
+                                   L128)
+        # ---- B: dQ stored, dW into V's tile, dT; then −dos over the spent dO for S
+        p_o = p_s * K
+        x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq,
+                                    0, p_o, HV * K, 0, gam_r128, n, scale, 1, BT, K, L128)
+        _neg_dos(do_s, gam_r, n, scale, IO)
+        mbarrier.arrive(dos_ready, count=1)
+        d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
+        # ---- C: E', diag(β) E', K Kᵀ, Mw's crossing sums
+        cs_w = _phase_c(d_t, dt_s, a_s, k_s, dt_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
+                        BT, SCAN, R64, True)  # E' over dT Tᵀ
+        e_s = dt_s
+        # ---- D: dK (the state term from dS16_{c+1} in the dS tile), ⟨S, dS⟩
+        acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
+        acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dS_s, z128, K, V, IO)
+        acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dS_s, gam_r128, L128)
+        acc, db_c, kds = _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128)
+        _store_rows(dk + p_o, acc, n, HV * K, BT, K, L128)
+        fence_async_shared()  # every generic read of the tiles before TMA or S rewrites them
+        gl.thread_barrier()
+        mbarrier.arrive(ds_free, count=1)
+        if it + 1 < n_chunks:  # Q also waits for S's Q term
+            mbarrier.wait(q_free, ph)
+            _issue_g_loads(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, ld_g, q_s, k_s,
+                           v_s, vn_s, a_s, h_s, t0 - BT, tk, tv, ta,
+                           ((c0 + ic - 1) * HV + i_hv) * K)
+        _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr,
+                        dgq, db_c, db_v, b_r, R64)
+
+
+@gluon.jit
+def _chain_partition(w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s,
+                     ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready,
+                     G, dht, dh0, doc_offsets, i_n, i_hv, HV, tw, tv, K: gl.constexpr,
+                     V: gl.constexpr, BT: gl.constexpr, USE_DHT: gl.constexpr):
+    """S (4 warps): ``N = −dSᵀ`` through the document's chunks, last first."""
+    dtype: gl.constexpr = q_s.dtype
+    LS: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
+    IO: gl.constexpr = gl.BlockedLayout(
+        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
+    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
+    if n_chunks > 0:
+        _issue_s_loads(w_desc, do_desc, ld_s, w_s, do_s, bos + (n_chunks - 1) * BT, tw, tv)
+    # N = −dSᵀ from dht (or 0): rows = value columns, columns = keys
+    rv = gl.arange(0, V, layout=gl.SliceLayout(1, LS))
+    ck = gl.arange(0, K, layout=gl.SliceLayout(0, LS))
+    off_state = (i_n.to(gl.int64) * HV + i_hv) * (K * V)
+    off_t = ck[None, :] * V + rv[:, None]
+    if USE_DHT:
+        nds = -(gl.load(dht + off_state + off_t).to(gl.float32))
+    else:
+        nds = gl.zeros([V, K], gl.float32, LS)
+    # the first chunk's W: a short chunk's foreign rows to zero
+    L0 = gl.minimum(eos - (bos + (n_chunks - 1) * BT), BT)
+    if n_chunks > 0:
+        mbarrier.wait(ld_s, 0)
+        if L0 < BT:
+            _zero_rows(w_s, L0, BT, K, IO)
+            fence_async_shared()
+            gl.thread_barrier()
+    for it in range(0, n_chunks):
+        ph = it & 1
+        t0 = bos + (n_chunks - 1 - it) * BT
+        L = gl.minimum(eos - t0, BT)
+        # publish dS16_{c+1} (at the first chunk round(dht)) once G has read the last one
+        mbarrier.wait(ds_free, ph ^ 1, pred=it > 0)
+        dS_s.permute((1, 0)).store((-nds).to(dtype))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_ready, count=1)
+        g_last = gl.load(G + (t0 + L - 1).to(gl.int64) * HV + i_hv)
+        mbarrier.wait(ld_s, ph)
+        mbarrier.wait(du_ready, ph)
+        nds = nds * gl.exp(g_last)
+        mbarrier.wait(dos_ready, ph)
+        nds = warpgroup_mma(do_s.permute((1, 0)), q_s, nds, is_async=True)  # (−dos)ᵀ Q
+        nds = warpgroup_mma(du_s.permute((1, 0)), w_s, nds, is_async=True)  # dUᵀ W
+        nds = warpgroup_mma_wait(1, deps=[nds, do_s, q_s])[0]
+        gl.thread_barrier()
+        mbarrier.arrive(q_free, count=1)
+        nds = warpgroup_mma_wait(0, deps=[nds, du_s, w_s])[0]
+        gl.thread_barrier()
+        if it + 1 < n_chunks:
+            _issue_s_loads(w_desc, do_desc, ld_s, w_s, do_s, t0 - BT, tw, tv)
+    # dh0 = dS_0 (offsets through an opaque zero, as the state kernels do)
+    zero = gl.load(doc_offsets + i_n + 1) - eos
+    off_e = (ck + zero)[None, :] * V + rv[:, None]
+    gl.store(dh0 + off_state + off_e, -nds)
+
+
+@gluon.jit
+def _fused_bwd_gluon_kernel(
+    q_desc, k_desc, v_desc, vn_desc, w_desc, do_desc, h_desc, a_desc,
+    G, beta, dht, dq, dk, dv, dbeta, dg, dh0, doc_offsets, doc_chunk_offsets, doc_order,
+    scale, HV,
+    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, USE_DHT: gl.constexpr,
+    S_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
+):
+    gl.static_assert(K == V)
+    i_hv = gl.program_id(0)
+    i_n = _doc_program(doc_order, ORDERED)
+    dtype: gl.constexpr = q_desc.dtype
+    t64: gl.constexpr = a_desc.layout
+    q_s = gl.allocate_shared_memory(dtype, [BT, K], q_desc.layout)
+    k_s = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)
+    v_s = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)  # later: dW
+    vn_s = gl.allocate_shared_memory(dtype, [BT, V], vn_desc.layout)
+    w_s = gl.allocate_shared_memory(dtype, [BT, K], w_desc.layout)
+    do_s = gl.allocate_shared_memory(dtype, [BT, V], do_desc.layout)  # later: −dos
+    du_s = gl.allocate_shared_memory(dtype, [BT, V], do_desc.layout)
+    h_s = gl.allocate_shared_memory(dtype, [K, V], h_desc.layout)
+    dS_s = gl.allocate_shared_memory(dtype, [K, V], h_desc.layout)
+    a_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)
+    ds_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # round(Pᵀ), then dP ⊙ D · scale
+    dt_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # dT, dT Tᵀ, then E'
+    eb_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)
+    bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(7):
+        mbarrier.init(bars.index(i), count=1)
+    fence_async_shared()
+    ld_g = bars.index(0)
+    ld_s = bars.index(1)
+    du_ready = bars.index(2)
+    dos_ready = bars.index(3)
+    q_free = bars.index(4)
+    ds_free = bars.index(5)
+    ds_ready = bars.index(6)
+    tk = i_hv * K  # one value head per q/k head
+    tv = i_hv * V
+    gl.warp_specialize([
+        (_grads_partition, (q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, q_s, k_s, v_s,
+                            vn_s, do_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s, ld_g,
+                            ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready, G, beta, dq,
+                            dk, dv, dbeta, dg, doc_offsets, doc_chunk_offsets, i_n, i_hv, HV,
+                            tk, tv, scale, K, V, BT)),
+        (_chain_partition, (w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s, ld_s, du_ready,
+                            dos_ready, q_free, ds_free, ds_ready, G, dht, dh0, doc_offsets,
+                            i_n, i_hv, HV, tk, tv, K, V, BT, USE_DHT)),
+    ], [4], [S_REGS])
+
+
+_FUSED_BWD_GLUON_KERNEL = cached_launch(_fused_bwd_gluon_kernel)
+
+
+def gluon_fused_bwd_supported(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor,
+                              index: ChunkIndex) -> bool:
+    """Whether :func:`fused_bwd_gluon` serves these shapes and dtypes (the device is not
+    checked, nor the other tensors): K = V = 128, one value head per q/k head, chunks of
+    64, q, v and A_inv of one 16-bit dtype."""
+    return (q.shape[-1] == _K and v.shape[-1] == _V and index.chunk_size == _BT
+            and v.shape[1] == q.shape[1]
+            and q.dtype in (torch.bfloat16, torch.float16)
+            and v.dtype == q.dtype and A_inv.dtype == q.dtype)
+
+
+def _descriptors(q, k, v, v_new, W, do, h, A_inv) -> dict:
+    """TMA descriptors over the 2-D views the kernel tiles (CPU tensors suffice, for
+    :mod:`tools.sm90_report`)."""
+    K, V = q.shape[-1], v.shape[-1]
+    return dict(
+        q_desc=descriptor(rows_view(q), [_BT, K]),
+        k_desc=descriptor(rows_view(k), [_BT, K]),
+        v_desc=descriptor(rows_view(v), [_BT, V]),
+        vn_desc=descriptor(rows_view(v_new), [_BT, V]),
+        w_desc=descriptor(rows_view(W), [_BT, K]),
+        do_desc=descriptor(rows_view(do), [_BT, V]),
+        h_desc=descriptor(rows_view(h.flatten(0, 2)), [K, V]),
+        a_desc=descriptor(rows_view(A_inv), [_BT, _BT]),
+    )
+
+
+@launcher(uses_atomics=False, kernels=(_fused_bwd_gluon_kernel,))
+def fused_bwd_gluon(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    v_new: torch.Tensor,
+    h: torch.Tensor,
+    W: torch.Tensor,
+    do: torch.Tensor,
+    G: torch.Tensor,
+    beta: torch.Tensor,
+    A_inv: torch.Tensor,
+    dht: torch.Tensor | None,
+    scale: float,
+    index: ChunkIndex,
+    g_dtype: torch.dtype,
+    *,
+    dq: torch.Tensor | None = None,
+    dk: torch.Tensor | None = None,
+    dh0: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+           torch.Tensor]:
+    """The reverse state recurrence and every chunk gradient in one Gluon launch.
+
+    ``q, k: [T,H,128]``; ``v, v_new, W, do: [T,H,128]`` (one value head per q/k head);
+    ``h: [NT,H,128,128]`` (the recompute's states); ``G, beta: [T,H]`` (``G`` fp32, another
+    float dtype is cast); ``A_inv: [T,H,64]`` (the 16-bit inverse); ``dht: [N,H,128,128]``
+    (any float dtype) or ``None``; ``q, k, v, v_new, W, do, h, A_inv`` in one 16-bit dtype.
+    ``dq``/``dk``: result buffers ``[T,H,128]`` contiguous, any float dtype (fp32 for the
+    L2-norm backward; default q's dtype); ``dh0``: that of ``dh0`` (may be ``dht``).
+
+    Returns:
+        ``(dq, dk, dv [T,H,128] in v's dtype, dbeta [T,H] in beta's dtype, dg [T,H] in
+        g_dtype, dh0 [N,H,128,128] fp32)``: what ``fused_state_bwd_gluon`` then
+        ``chunk_grads_bwd_gluon`` return (by construction; checked on the GPU).
+
+    Raises:
+        ValueError: shapes that do not match, grouped value heads, K or V not 128, chunks
+            not of 64, the tiled tensors not of one 16-bit dtype, a ``dq``/``dk``/``dh0``
+            buffer of another shape (or not contiguous), or more rows than TMA's int32
+            coordinates address.
+        RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
+    """
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    N, NT = index.num_docs, index.num_chunks
+    token = (v, v_new, W, do)
+    if (
+        tuple(k.shape) != (T, H, K)
+        or any(tuple(x.shape) != (T, HV, x.shape[2]) for x in token)
+        or tuple(h.shape) != (NT, HV, K, V)
+        or tuple(G.shape) != (T, HV) or tuple(beta.shape) != (T, HV)
+        or tuple(A_inv.shape) != (T, HV, index.chunk_size)
+        or (dht is not None and tuple(dht.shape) != (N, HV, K, V))
+        or T != index.total_tokens
+    ):
+        raise ValueError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+            f"v_new {tuple(v_new.shape)}, W {tuple(W.shape)}, do {tuple(do.shape)}, "
+            f"h {tuple(h.shape)}, G {tuple(G.shape)}, beta {tuple(beta.shape)}, "
+            f"A_inv {tuple(A_inv.shape)}, dht {None if dht is None else tuple(dht.shape)}, "
+            f"chunks {NT}, docs {N}")
+    if HV != H:
+        raise ValueError(f"the Gluon fused backward serves one value head per q/k head, got "
+                         f"H={H}, HV={HV}")
+    if (K, V) != (_K, _V) or W.shape[2] != K or index.chunk_size != _BT:
+        raise ValueError(f"the Gluon fused backward serves K = V = {_K} and chunks of {_BT}, "
+                         f"got K={K}, V={V}, chunk size {index.chunk_size}")
+    tiled = (q, k, v, v_new, W, do, h, A_inv)
+    if q.dtype not in (torch.bfloat16, torch.float16) or any(x.dtype != q.dtype for x in tiled):
+        raise ValueError("the Gluon fused backward takes q, k, v, v_new, W, do, h, A_inv in "
+                         "one 16-bit dtype, got " + ", ".join(str(x.dtype) for x in tiled))
+    if max(T, NT * HV * K) >= 2**31:
+        raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
+    outs = []
+    for name, buf, dt in (("dq", dq, q.dtype), ("dk", dk, k.dtype)):
+        if buf is None:
+            buf = torch.empty(T, H, K, dtype=dt, device=q.device)
+        elif tuple(buf.shape) != (T, H, K) or not buf.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {(T, H, K)} tensor, got "
+                             f"{tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
+        outs.append(buf)
+    if dh0 is not None and (tuple(dh0.shape) != (N, HV, K, V) or dh0.dtype != torch.float32
+                            or not dh0.is_contiguous()):
+        raise ValueError(f"dh0 must be a contiguous fp32 {(N, HV, K, V)} tensor, got "
+                         f"{dh0.dtype} {tuple(dh0.shape)}")
+    require_sm90(q.device, "the Gluon fused backward")
+    dq, dk = outs
+    dv, dbeta, dg = grad_outputs(T, HV, V, v, beta, g_dtype, None, None, None)
+    if dh0 is None:
+        dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device)
+    if N == 0 or HV == 0 or T == 0:
+        return dq, dk, dv, dbeta, dg, dh0
+    if dht is not None:
+        dht = dht.contiguous()
+    G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
+    beta = beta.contiguous()
+    descs = _descriptors(q, k, v, v_new, W, do, h, A_inv)
+    order = ordered_docs(index)
+    _FUSED_BWD_GLUON_KERNEL[(HV, N)](
+        *descs.values(), G, beta, dht if dht is not None else dh0, dq, dk, dv, dbeta, dg, dh0,
+        index.doc_offsets, index.doc_chunk_offsets,
+        index.doc_chunk_offsets if order is None else order, float(scale), HV,
+        K=_K, V=_V, BT=_BT, USE_DHT=dht is not None, S_REGS=GLUON_FUSED_BWD_S_REGS,
+        ORDERED=order is not None, num_warps=8, maxnreg=_MAXNREG,
+    )
+    return dq, dk, dv, dbeta, dg, dh0
