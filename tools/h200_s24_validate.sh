@@ -19,6 +19,12 @@
 #       CALL_LIMIT=590 HOST_TIMEOUT=150 HOST_PIN=2 bash tools/h200_s21_validate.sh 3
 #       det against FlashQLA (all six shapes, one run), kernel tables, host against fla
 #       unpinned and pinned to one CPU (issue 18's ratio both ways)
+#   call F (~480 s, no carry; session 24's fused backward, stage fused_bwd):
+#       CALL_LIMIT=560 bash tools/h200_s24_validate.sh fused
+#       a one-shape smoke run of benchmarks/gluon_fused_bwd_probe.py first (a deadlocked
+#       mbarrier protocol would hang: 90 s cap), then its four shapes (ms against
+#       fused_state + grads, bits), the fused_bwd GPU tests with the chunk-gradient, WY and
+#       launch ones, and det fwd+bwd end to end with the default stages and with fused_bwd
 TAG=s24
 source "$(dirname "$0")/h200_lib.sh"
 
@@ -56,9 +62,29 @@ step2() {
   git log --oneline -1 > "$LOG/branch.txt" 2>&1
 }
 
+step_fused() {
+  timeout 90 python3 benchmarks/gluon_fused_bwd_probe.py --shapes 8192:2 > "$LOG/smoke.txt" 2>&1
+  local rc=$?
+  echo "smoke exit $rc"; tail -5 "$LOG/smoke.txt"
+  if (( rc == 0 )); then
+    timeout 150 python3 benchmarks/gluon_fused_bwd_probe.py > "$LOG/probe.txt" 2>&1
+    echo "probe exit $?"; cat "$LOG/probe.txt"
+  fi
+  gpu_tests fused_tests.log 200 4 packages/gdn-core/tests/test_gluon_fused_bwd_gpu.py \
+    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
+    packages/gdn-core/tests/test_gluon_wy_gpu.py packages/gdn-core/tests/test_launch_gpu.py
+  if (( rc == 0 )); then
+    local S="B4,T8192,H16;B1,T32768,H16;B1,T32768,H16,D8;B1,T65536,H16,D16"
+    unset GDN_CORE_GLUON
+    E2E_TIMEOUT=70 e2e default "$S"
+    GDN_CORE_GLUON=grads,wy,fused_fwd,fused_state,fused_bwd E2E_TIMEOUT=70 e2e fused_bwd "$S"
+  fi
+}
+
 case "${1:-}" in
   1) step1 ;;
+  fused) step_fused ;;
   2) step2 ;;
-  *) echo "usage: bash tools/h200_s24_validate.sh 1|2 (call 3: see the header)"; exit 2 ;;
+  *) echo "usage: bash tools/h200_s24_validate.sh 1|2|fused (call 3: see the header)"; exit 2 ;;
 esac
 pack "$1"

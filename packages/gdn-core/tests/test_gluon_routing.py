@@ -56,6 +56,8 @@ TRITON_LAUNCHERS = {
     "fused_fwd": "gdn_core.ops.chunk_fwd_fused:chunk_fwd_fused",
     # wy_apply's parameters, then chunk_state_fwd's initial_state (checked below)
     "recompute": "gdn_core.ops.wy:wy_apply",
+    # replaces two launchers: its parameters are theirs (checked below)
+    "fused_bwd": "gdn_core.ops.chunk_grads_bwd:chunk_grads_bwd",
 }
 
 
@@ -74,6 +76,18 @@ def test_every_stage_is_a_drop_in_for_its_triton_launcher(stage):
     want = inspect.signature(triton_fn).parameters
     if stage == "fused_state":
         want = {n: p for n, p in want.items() if n != "dv_local"}
+    if stage == "fused_bwd":  # the inputs of chunk grads and of the state backward, by name
+        from gdn_core.ops.chunk_state_bwd import chunk_state_bwd
+
+        state = inspect.signature(chunk_state_bwd).parameters
+        both = {**state, **want}
+        assert set(got) <= set(both), set(got) - set(both)
+        assert all(both[n].default == p.default for n, p in got.items() if n != "dh0"), got
+        assert set(got) >= {"q", "k", "v", "v_new", "h", "W", "do", "G", "beta", "A_inv",
+                            "dht", "scale", "index", "g_dtype"}
+        assert callable(getattr(mod, supported))
+        assert getattr(mod, name).launcher_info.uses_atomics is False
+        return
     if stage == "recompute":
         from gdn_core.ops.chunk_state import chunk_state_fwd
 

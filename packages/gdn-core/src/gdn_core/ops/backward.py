@@ -70,6 +70,7 @@ __all__ = [
     "backward_from_recompute",
     "fused_state_pays",
     "grads_kernel",
+    "pick_fused_bwd",
     "pick_fused_state",
     "plan_aliases",
     "resolve_workspace",
@@ -362,6 +363,25 @@ def pick_fused_state(q: torch.Tensor, W: torch.Tensor, do: torch.Tensor,
     return fused if fused_state_pays(index.num_docs, do.shape[1]) else None
 
 
+def pick_fused_bwd(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor, index: ChunkIndex,
+                   rec: Recomputed, do: torch.Tensor, *, workspace: object, out: object,
+                   dv_local: torch.Tensor | None) -> Callable | None:
+    """The fused backward (:mod:`gdn_core.ops.gluon.fused_bwd`: the reverse state recurrence
+    and every chunk gradient in one launch) where it serves this backward and is asked for
+    (stage ``fused_bwd`` of ``GDN_CORE_GLUON``, by name only), else ``None``.
+
+    It serves the whole of :func:`backward_from_recompute` (no ``dv_local`` from the caller,
+    no workspace, no given result buffers) on CUDA sm_90 at K = V = 128, one value head per
+    q/k head, chunks of 64, with ``W``, ``h``, ``v_new`` and ``do`` in q's 16-bit dtype."""
+    if dv_local is not None or workspace is not None or out is not None:
+        return None
+    fused = gluon.pick("fused_bwd", None, q, v, A_inv, index)
+    if fused is None or any(x is None or x.dtype != q.dtype
+                            for x in (rec.W, rec.h, rec.v_new, do)):
+        return None
+    return fused
+
+
 def fused_state_pays(num_docs: int, HV: int) -> bool:
     """Whether a fused state launch over ``num_docs`` documents (segments) × ``HV`` value
     heads has enough programs to beat the pair (:data:`FUSED_STATE_MIN_PROGRAMS`)."""
@@ -483,6 +503,16 @@ def backward_from_recompute(
     HV, V = v.shape[1], v.shape[2]
     group = HV // H
     dtype = k.dtype
+    fused_all = pick_fused_bwd(q, v, A_inv, index, rec, do, workspace=workspace, out=out,
+                               dv_local=dv_local)
+    if fused_all is not None:  # the reverse chain and every chunk gradient in one launch
+        dq, dk = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
+                  for x in (q, k))
+        dq, dk, dv, dbeta, dg, dh0 = fused_all(
+            q, k, v, rec.v_new, rec.h, rec.W, do, G, beta, A_inv, dht, scale, index, g_dtype,
+            dq=dq, dk=dk, dh0=dh0)
+        rec.W = rec.h = rec.v_new = None
+        return dq, dk, dv, dg, dbeta, dh0
     direct = not uses_dq_partials(group, dqk_dtype)  # dq/dk complete in their kernels
     _, ws = resolve_workspace(
         workspace, deterministic=deterministic, dq_partials=not direct, T=T, H=H, HV=HV, K=K,

@@ -2,8 +2,8 @@
 
 The environment variable ``GDN_CORE_GLUON`` names the stages (the keys of :data:`STAGES`:
 ``output``, ``grads``, ``grads2``, ``wy``, ``wy_apply``, ``state``, ``state_bwd``,
-``dv_local``, ``fused_state``, ``fused_fwd``, ``recompute``; comma-separated, ``all`` —
-every stage but :data:`BY_NAME_ONLY` — or ``none``) whose Gluon kernel replaces the Triton
+``dv_local``, ``fused_state``, ``fused_fwd``, ``recompute``, ``fused_bwd``; comma-separated,
+``all`` — every stage but :data:`BY_NAME_ONLY` — or ``none``) whose Gluon kernel replaces the Triton
 one where it serves the call (``grads2``, the persistent chunk-gradient kernel, supersedes
 ``grads``' kernel where both are asked for; ``fused_state``, the warp-specialised state
 backward with ``dv_local`` inside, supersedes the ``dv_local`` + ``state_bwd`` pair in
@@ -65,6 +65,11 @@ STAGES: dict[str, tuple[str, str, str]] = {
     # runs both. Its launcher takes wy_apply's arguments and chunk_state_fwd's
     # initial_state and returns (W, h, v_new).
     "recompute": ("recompute", "chunk_recompute_gluon", "gluon_recompute_supported"),
+    # the reverse state recurrence and every chunk gradient in one warp-specialised launch
+    # (one value head per q/k head); asked for, it replaces fused_state (or the state pair)
+    # + grads where a backward runs the whole of backward_from_recompute. Its launcher
+    # takes the inputs of both and returns (dq, dk, dv, dbeta, dg, dh0).
+    "fused_bwd": ("fused_bwd", "fused_bwd_gluon", "gluon_fused_bwd_supported"),
 }
 
 
@@ -89,8 +94,9 @@ DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy", "fused
 #: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs; ``fused_fwd``
 #: supersedes the Triton fused forward, which itself replaces the ``state`` and ``output``
 #: stages' kernels (``all`` runs those where the fused forward is switched off);
-#: ``recompute`` supersedes the ``wy_apply`` and ``state`` stages in the backward
-BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state", "fused_fwd", "recompute"})
+#: ``recompute`` supersedes the ``wy_apply`` and ``state`` stages in the backward;
+#: ``fused_bwd`` supersedes ``fused_state`` and ``grads`` (not yet timed on a GPU)
+BY_NAME_ONLY: frozenset[str] = frozenset({"fused_state", "fused_fwd", "recompute", "fused_bwd"})
 
 
 def requested(stage: str) -> bool:

@@ -1,0 +1,124 @@
+"""Timing probe: the fused backward (the reverse recurrence and every chunk gradient in one
+warp-specialised launch, :mod:`gdn_core.ops.gluon.fused_bwd`) against the two launches it
+replaces (GPU only).
+
+On the benchmark's bf16 inputs (``common.make_gdn_inputs``, K = V = 128, H = 16, one value
+head per q/k head), with ``W``, ``A_inv`` from the WY forward and ``h``, ``v_new`` from the
+state forward, ``dht`` fp32, times with ``triton.testing.do_bench`` (ms, median):
+
+* ``pair``: ``fused_state_bwd_gluon`` (``store=True``: ``dh``, ``dV'``, ``dh0``) then
+  ``chunk_grads_bwd_gluon`` (``dq``, ``dk`` in bf16, ``dv``, ``dβ``, ``dg``): the default
+  path's last phase;
+* ``fused``: ``fused_bwd_gluon`` on the same inputs.
+
+and prints the ratio, whether the six results are bitwise equal (with the largest relative
+difference of each that is not) and whether the fused call is repeatable. A shape is
+``T:docs`` (``docs`` equal documents: the segment layout of the det path, whose segments of
+4096 tokens are the kernels' documents, e.g. ``32768:8`` is one 32K document's 8 segments or
+B4 T8192) or ``T:docs:ln`` (the benchmark's log-normal document lengths, the kernels on the
+document layout: its longest document sets the launch). Needs Triton 3.6's Gluon and an
+sm_90 GPU::
+
+    python benchmarks/gluon_fused_bwd_probe.py [--shapes 32768:8,65536:16,32768:8:ln,8192:2]
+
+On a machine without one it prints why and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
+import torch  # noqa: E402
+
+H, D = 16, 128
+NAMES = ("dq", "dk", "dv", "dbeta", "dg", "dh0")
+
+
+def _problem(T: int, docs: int, lognormal: bool) -> dict:
+    from gdn_core.chunking import ChunkIndex
+    from gdn_core.ops.chunk_state import chunk_state_fwd
+    from gdn_core.ops.cumsum import chunk_cumsum_fwd
+    from gdn_core.ops.wy import wy_fwd
+
+    inp = common.make_gdn_inputs(common.GDNShape(B=1, T=T, H=H, K=D, V=D,
+                                                 D=docs if lognormal else 1),
+                                 dtype=torch.bfloat16, device="cuda", requires_grad=False)
+    q, k, v, g, beta, do = (x[0].contiguous() for x in (*inp.leaves, inp.do))
+    offsets = inp.offsets if lognormal else [T * i // docs for i in range(docs + 1)]
+    index = ChunkIndex.build(offsets, "cuda")
+    G = chunk_cumsum_fwd(g, index)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)
+    h, v_new, _ = chunk_state_fwd(k, W, U, G, index, 1, initial_state=None,
+                                  output_final_state=False, store_states=True)
+    dht = torch.randn(index.num_docs, H, D, D, device="cuda") * 0.1
+    return dict(q=q, k=k, v=v, v_new=v_new, h=h, W=W, do=do, G=G, beta=beta, A_inv=A_inv,
+                dht=dht, scale=D**-0.5, index=index, g_dtype=g.dtype)
+
+
+def _arms(p: dict) -> dict:
+    from gdn_core.ops.gluon.chunk_grads import chunk_grads_bwd_gluon
+    from gdn_core.ops.gluon.fused_bwd import fused_bwd_gluon
+    from gdn_core.ops.gluon.fused_state_bwd import fused_state_bwd_gluon
+
+    q, k, v, v_new, h, W, do, G, beta, A, dht = (p[n] for n in (
+        "q", "k", "v", "v_new", "h", "W", "do", "G", "beta", "A_inv", "dht"))
+    scale, index, g_dtype = p["scale"], p["index"], p["g_dtype"]
+
+    def pair():
+        dh, dvp, dh0 = fused_state_bwd_gluon(q, k, W, G, do, dht, scale, index, 1)
+        dq, dk = torch.empty_like(q), torch.empty_like(k)
+        dq, dk, dv, dbeta, dg = chunk_grads_bwd_gluon(q, k, v, v_new, h, dh, do, dvp, G, beta,
+                                                      A, scale, index, 1, g_dtype, dq=dq, dk=dk)
+        return dq, dk, dv, dbeta, dg, dh0
+
+    def fused():
+        return fused_bwd_gluon(q, k, v, v_new, h, W, do, G, beta, A, dht, scale, index, g_dtype)
+
+    return {"pair": pair, "fused": fused}
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", default="32768:8,65536:16,32768:8:ln,8192:2",
+                        help="T:docs[:ln] list")
+    args = parser.parse_args(argv)
+    common.import_workspace_module("gdn_core")
+    from gdn_core.ops.gluon import available
+
+    if not available():
+        print("gluon_fused_bwd_probe: needs a CUDA sm_90 GPU and Triton 3.6's Gluon "
+              f"(CUDA available: {torch.cuda.is_available()}); nothing timed")
+        return 2
+    import triton
+
+    print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}, B1 H{H} K=V={D} bf16, "
+          "dht fp32")
+    for shape in args.shapes.split(","):
+        parts = shape.split(":")
+        T, docs, ln = int(parts[0]), int(parts[1]), parts[2:] == ["ln"]
+        arms = _arms(_problem(T, docs, ln))
+        outs = {name: fn() for name, fn in arms.items()}
+        torch.cuda.synchronize()
+        ms = {name: triton.testing.do_bench(fn, warmup=5, rep=50) for name, fn in arms.items()}
+        again = arms["fused"]()
+        same = all(torch.equal(a, b) for a, b in zip(outs["fused"], again, strict=True))
+        diff = [f"{n} {_rel(a, b):.2e}" for n, a, b in
+                zip(NAMES, outs["fused"], outs["pair"], strict=True) if not torch.equal(a, b)]
+        print(f"T{T} D{docs}{' lognormal' if ln else ''}: pair {ms['pair']:.4f} ms | fused "
+              f"{ms['fused']:.4f} ms | fused/pair {ms['fused'] / ms['pair']:.3f} | bits-equal "
+              f"{'yes' if not diff else 'no (' + ', '.join(diff) + ')'} | repeatable "
+              f"{'yes' if same else 'no'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
