@@ -43,7 +43,7 @@ def _problem(T: int, docs: int, lognormal: bool) -> dict:
     from gdn_core.chunking import ChunkIndex
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
-    from gdn_core.ops.wy import wy_fwd
+    from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
     inp = common.make_gdn_inputs(common.GDNShape(B=1, T=T, H=H, K=D, V=D,
                                                  D=docs if lognormal else 1),
@@ -53,6 +53,7 @@ def _problem(T: int, docs: int, lognormal: bool) -> dict:
     index = ChunkIndex.build(offsets, "cuda")
     G = chunk_cumsum_fwd(g, index)
     A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)
+    A_inv = inverse_for_backward(A_inv, k, v)  # the 16-bit copy the backward reads
     h, v_new, _ = chunk_state_fwd(k, W, U, G, index, 1, initial_state=None,
                                   output_final_state=False, store_states=True)
     dht = torch.randn(index.num_docs, H, D, D, device="cuda") * 0.1

@@ -31,7 +31,9 @@ def _inputs(lengths, H, dtype, seed, *, h0: bool):
     T = sum(lengths)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32,
                       device="cuda")
-    base = [torch.randn(1, T, H, 128, generator=gen) for _ in range(3)]
+    # q, k of unit norm (as a layer's L2 norm leaves them): the delta rule stays bounded
+    base = [torch.nn.functional.normalize(torch.randn(1, T, H, 128, generator=gen), dim=-1)
+            for _ in range(2)] + [torch.randn(1, T, H, 128, generator=gen)]
     base += [torch.nn.functional.logsigmoid(torch.randn(1, T, H, generator=gen)),
              torch.rand(1, T, H, generator=gen)]
     base = [x.cuda().to(torch.float32 if i == 3 else dtype) for i, x in enumerate(base)]
