@@ -9,7 +9,8 @@ state forward, ``dht`` fp32, times with ``triton.testing.do_bench`` (ms, median)
 * ``pair``: ``fused_state_bwd_gluon`` (``store=True``: ``dh``, ``dV'``, ``dh0``) then
   ``chunk_grads_bwd_gluon`` (``dq``, ``dk`` in bf16, ``dv``, ``dβ``, ``dg``): the default
   path's last phase;
-* ``fused``: ``fused_bwd_gluon`` on the same inputs.
+* ``fused``: ``fused_bwd_gluon`` on the same inputs; ``fused+L2``: with
+  ``GLUON_FUSED_BWD_PREFETCH`` (the next chunk's Q and K hinted into L2).
 
 and prints the ratio, whether the six results are bitwise equal (with the largest relative
 difference of each that is not) and whether the fused call is repeatable. A shape is
@@ -20,6 +21,12 @@ document layout: its longest document sets the launch). Needs Triton 3.6's Gluon
 sm_90 GPU::
 
     python benchmarks/gluon_fused_bwd_probe.py [--shapes 32768:8,65536:16,32768:8:ln,8192:2]
+                                               [--stamps 32768:8]
+
+``--stamps SHAPE`` also runs the fused kernel once with its timer stamps and prints where a
+chunk's time goes in partition G (µs, mean over every program's chunks but its first):
+waiting for Q/K and ``dS16`` | the ``X``/``dv_local`` step | phase A | phase B | phase C |
+phase D | the dg/dβ stores, and the chunk period.
 
 On a machine without one it prints why and exits with status 2.
 """
@@ -77,10 +84,39 @@ def _arms(p: dict) -> dict:
                                                       A, scale, index, 1, g_dtype, dq=dq, dk=dk)
         return dq, dk, dv, dbeta, dg, dh0
 
-    def fused():
-        return fused_bwd_gluon(q, k, v, v_new, h, W, do, G, beta, A, dht, scale, index, g_dtype)
+    def fused(prefetch: bool = False, stamps=None):
+        from gdn_core.ops.gluon import fused_bwd as fb
 
-    return {"pair": pair, "fused": fused}
+        fb.GLUON_FUSED_BWD_PREFETCH = prefetch
+        try:
+            return fused_bwd_gluon(q, k, v, v_new, h, W, do, G, beta, A, dht, scale, index,
+                                   g_dtype, stamps=stamps)
+        finally:
+            fb.GLUON_FUSED_BWD_PREFETCH = False
+
+    return {"pair": pair, "fused": fused, "fused+L2": lambda: fused(True)}
+
+
+STAGES = ("wait Q/K, dS16", "X, dv_local", "phase A", "phase B", "phase C", "phase D",
+          "dg/dbeta")
+
+
+def _stamps(shape: str) -> str:
+    """One stamped run of the fused kernel at ``T:docs[:ln]``: the mean µs of each interval
+    between partition G's stamps and the mean chunk period."""
+    parts = shape.split(":")
+    p = _problem(int(parts[0]), int(parts[1]), parts[2:] == ["ln"])
+    programs = p["index"].num_docs * H
+    buf = torch.zeros(programs * 512, dtype=torch.int64, device="cuda")
+    _arms(p)["fused"](stamps=buf)
+    torch.cuda.synchronize()
+    n = min(64, p["index"].num_chunks // p["index"].num_docs)
+    t = buf.view(programs, 64, 8)[:, :n].double()
+    seg = (t[:, 1:, 1:] - t[:, 1:, :-1]) / 1e3  # chunks 1.. (the first has its loads alone)
+    period = (t[:, 2:, 0] - t[:, 1:-1, 0]).mean().item() / 1e3
+    return (f"{shape} stamps (µs a chunk, G): "
+            + " | ".join(f"{name} {v:.2f}" for name, v in zip(STAGES, seg.mean((0, 1)).tolist()))
+            + f" | period {period:.2f}")
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -91,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="32768:8,65536:16,32768:8:ln,8192:2",
                         help="T:docs[:ln] list")
+    parser.add_argument("--stamps", default="", help="T:docs[:ln]: the per-phase breakdown")
     args = parser.parse_args(argv)
     common.import_workspace_module("gdn_core")
     from gdn_core.ops.gluon import available
@@ -112,12 +149,17 @@ def main(argv: list[str] | None = None) -> int:
         ms = {name: triton.testing.do_bench(fn, warmup=5, rep=50) for name, fn in arms.items()}
         again = arms["fused"]()
         same = all(torch.equal(a, b) for a, b in zip(outs["fused"], again, strict=True))
-        diff = [f"{n} {_rel(a, b):.2e}" for n, a, b in
-                zip(NAMES, outs["fused"], outs["pair"], strict=True) if not torch.equal(a, b)]
-        print(f"T{T} D{docs}{' lognormal' if ln else ''}: pair {ms['pair']:.4f} ms | fused "
-              f"{ms['fused']:.4f} ms | fused/pair {ms['fused'] / ms['pair']:.3f} | bits-equal "
-              f"{'yes' if not diff else 'no (' + ', '.join(diff) + ')'} | repeatable "
-              f"{'yes' if same else 'no'}", flush=True)
+        line = [f"T{T} D{docs}{' lognormal' if ln else ''}: "
+                + " | ".join(f"{n} {t:.4f} ms" for n, t in ms.items())]
+        for arm in ("fused", "fused+L2"):
+            diff = [f"{n} {_rel(a, b):.2e}" for n, a, b in
+                    zip(NAMES, outs[arm], outs["pair"], strict=True) if not torch.equal(a, b)]
+            line.append(f"{arm}/pair {ms[arm] / ms['pair']:.3f} bits-equal "
+                        f"{'yes' if not diff else 'no (' + ', '.join(diff) + ')'}")
+        line.append(f"repeatable {'yes' if same else 'no'}")
+        print(" | ".join(line), flush=True)
+    if args.stamps:
+        print(_stamps(args.stamps), flush=True)
     return 0
 
 

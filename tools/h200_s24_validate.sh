@@ -25,6 +25,8 @@
 #       mbarrier protocol would hang: 90 s cap), then its four shapes (ms against
 #       fused_state + grads, bits), the fused_bwd GPU tests with the chunk-gradient, WY and
 #       launch ones, and det fwd+bwd end to end with the default stages and with fused_bwd
+#       (E2E=0 skips it; FUSED_TESTS_MORE adds test paths; the probe prints the --stamps
+#       breakdown at 32768:8)
 TAG=s24
 source "$(dirname "$0")/h200_lib.sh"
 
@@ -67,13 +69,13 @@ step_fused() {
   local rc=$?
   echo "smoke exit $rc"; tail -5 "$LOG/smoke.txt"
   if (( rc == 0 )); then
-    timeout 150 python3 benchmarks/gluon_fused_bwd_probe.py > "$LOG/probe.txt" 2>&1
+    timeout 150 python3 benchmarks/gluon_fused_bwd_probe.py --stamps 32768:8 \
+      > "$LOG/probe.txt" 2>&1
     echo "probe exit $?"; cat "$LOG/probe.txt"
   fi
   gpu_tests fused_tests.log 200 4 packages/gdn-core/tests/test_gluon_fused_bwd_gpu.py \
-    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
-    packages/gdn-core/tests/test_gluon_wy_gpu.py packages/gdn-core/tests/test_launch_gpu.py
-  if (( rc == 0 )); then
+    packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py ${FUSED_TESTS_MORE:-}
+  if (( rc == 0 )) && [[ ${E2E:-1} == 1 ]]; then
     local S="B4,T8192,H16;B1,T32768,H16;B1,T32768,H16,D8;B1,T65536,H16,D16"
     unset GDN_CORE_GLUON
     E2E_TIMEOUT=70 e2e default "$S"

@@ -659,13 +659,20 @@ def fused_bwd_reports() -> None:
         args = dict(fb._descriptors(x, x, x, x, x, x, h, a), G=torch.zeros(T, H),
                     beta=torch.zeros(T, H, dtype=bf), dht=st, dq=x, dk=x, dv=x,
                     dbeta=torch.zeros(T, H, dtype=bf), dg=torch.zeros(T, H), dh0=st,
-                    doc_offsets=i32, doc_chunk_offsets=i32, doc_order=i32, scale=0.5, HV=H)
-        print(f"H=HV={H} ordered={ordered} S_REGS={fb.GLUON_FUSED_BWD_S_REGS}")
-        out = report_gluon(fb._fused_bwd_gluon_kernel, args,
-                           dict(K=K, V=K, BT=64, USE_DHT=True,
-                                S_REGS=fb.GLUON_FUSED_BWD_S_REGS, ORDERED=ordered),
-                           num_warps=8, maxnreg=fb._MAXNREG)
-        print_specialised(out["ptx"])
+                    doc_offsets=i32, doc_chunk_offsets=i32, doc_order=i32, scale=0.5, HV=H,
+                    q2d=x, k2d=x, q_stride=H * K, k_stride=H * K,
+                    stamps=torch.zeros(8, dtype=torch.int64))
+        for prefetch, stamps in ((False, False), (True, False), (False, True)):
+            if ordered and (prefetch or stamps):
+                continue
+            print(f"H=HV={H} ordered={ordered} prefetch={prefetch} stamps={stamps} "
+                  f"S_REGS={fb.GLUON_FUSED_BWD_S_REGS}")
+            out = report_gluon(fb._fused_bwd_gluon_kernel, args,
+                               dict(K=K, V=K, BT=64, USE_DHT=True,
+                                    S_REGS=fb.GLUON_FUSED_BWD_S_REGS, ORDERED=ordered,
+                                    PREFETCH=prefetch, STAMPS=stamps),
+                               num_warps=8, maxnreg=fb._MAXNREG)
+            print_specialised(out["ptx"])
 
 
 def conv_reports() -> None:

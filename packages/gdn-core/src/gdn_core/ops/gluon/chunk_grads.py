@@ -385,18 +385,28 @@ def _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
 
 
 @gluon.jit
-def _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K: gl.constexpr, V: gl.constexpr,
-                   IO: gl.constexpr):
-    """Phase D, after the caller issued ``acc = Tᵀ dW`` and waited for ``dS``: ``dks = V'
-    dSᵀ`` issued (returned in flight), ``⟨S, dS⟩`` from shared memory meanwhile (fixed
-    order: rows in blocks), ``acc`` waited."""
-    dks = warpgroup_mma(vn_s, dh_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+def _state_dot(h_s, dh_s, K: gl.constexpr, V: gl.constexpr, IO: gl.constexpr):
+    """``⟨S, dS⟩`` of the shared ``[K, V]`` tiles, in a fixed order (rows in blocks of 32)."""
     SB: gl.constexpr = 32
     pr = gl.zeros([SB, V], gl.float32, IO)
     for i in gl.static_range(K // SB):
         pr += (h_s.slice(i * SB, SB).load(IO).to(gl.float32)
                * dh_s.slice(i * SB, SB).load(IO).to(gl.float32))
-    sds = gl.sum(gl.sum(pr, axis=1), axis=0)
+    return gl.sum(gl.sum(pr, axis=1), axis=0)
+
+
+@gluon.jit
+def _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K: gl.constexpr, V: gl.constexpr,
+                   IO: gl.constexpr, DOT: gl.constexpr = True):
+    """Phase D, after the caller issued ``acc = Tᵀ dW`` and waited for ``dS``: ``dks = V'
+    dSᵀ`` issued (returned in flight), ``⟨S, dS⟩`` (:func:`_state_dot`) from shared memory
+    meanwhile, ``acc`` waited. ``DOT=False``: the caller formed ``⟨S, dS⟩`` earlier (0.0
+    returned in its place)."""
+    dks = warpgroup_mma(vn_s, dh_s.permute((1, 0)), z128, use_acc=False, is_async=True)
+    if DOT:
+        sds = _state_dot(h_s, dh_s, K, V, IO)
+    else:
+        sds = 0.0
     acc = warpgroup_mma_wait(1, deps=[acc, a_s, dw_s])[0]
     return acc, dks, sds
 

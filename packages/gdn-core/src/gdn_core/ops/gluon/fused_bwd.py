@@ -41,7 +41,8 @@ GPU. Zeros may differ in sign only (an exact cancellation is ``+0`` either way b
 negation), which ``torch.equal`` does not see.
 
 **mbarriers** (each completes once a chunk; a wait's parity is the chunk's ordinal & 1):
-``ld_g`` (G's TMA), ``ld_s`` (S's TMA: ``W``, ``dO``; both wait on it), ``du_ready`` and
+``ld_qk``, ``ld_vva``, ``ld_h`` (G's TMA, in three groups: a tile is refilled once it is
+spent), ``ld_s`` (S's TMA: ``W``, ``dO``; both wait on it), ``du_ready`` and
 ``dos_ready`` (G → S), ``q_free`` (S → G: S's Q term is done, Q may be refilled),
 ``ds_free`` (G → S: ``dS16_{c+1}`` read for the last time) and ``ds_ready`` (S → G: the
 ``dS`` tile holds ``dS16_c``; also once before the first chunk, with ``round(dht)``). Every
@@ -78,6 +79,7 @@ from gdn_core.ops.gluon.chunk_grads import (
     _phase_d_c,
     _phase_d_dk,
     _phase_d_state,
+    _state_dot,
     _store_dg_dbeta,
     _store_rows,
     _zero_rows,
@@ -103,8 +105,12 @@ try:
 except ImportError:  # pragma: no cover - every Triton with Gluon has it
     _loop = range
 
-__all__ = ["GLUON_FUSED_BWD_S_REGS", "fused_bwd_gluon", "gluon_fused_bwd_supported"]
+__all__ = ["GLUON_FUSED_BWD_PREFETCH", "GLUON_FUSED_BWD_S_REGS", "fused_bwd_gluon",
+           "gluon_fused_bwd_supported"]
 
+#: Whether partition G hints the next chunk's Q and K rows into L2 at each chunk's start
+#: (read at each call; loads only, never the arithmetic: the same bits either way).
+GLUON_FUSED_BWD_PREFETCH = False
 #: Registers a thread of the chain partition S (4 warps); G (8 warps) gets what is left of
 #: 168 a thread over the 12 warps: ``(3·168 − S) / 2`` = 168 at 168.
 GLUON_FUSED_BWD_S_REGS = 168
@@ -113,17 +119,55 @@ _BT, _K, _V = 64, 128, 128
 
 
 @gluon.jit
-def _issue_g_loads(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, bar,
-                   q_s, k_s, v_s, vn_s, a_s, h_s, t0, tk, tv, ta, th):
-    """G's six TMA loads of one chunk on ``bar``: q, k, v, ``v_new``, ``A_inv``, ``h``."""
-    mbarrier.expect(bar, 4 * q_desc.block_type.nbytes + a_desc.block_type.nbytes
-                    + h_desc.block_type.nbytes)
+def _issue_qk_loads(q_desc, k_desc, bar, q_s, k_s, t0, tk):
+    """G's TMA loads of Q and K (the last tiles of a chunk to die) on ``bar``."""
+    mbarrier.expect(bar, 2 * q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [t0, tk], bar, k_s)
     tma.async_copy_global_to_shared(q_desc, [t0, tk], bar, q_s)
+
+
+@gluon.jit
+def _issue_vva_loads(v_desc, vn_desc, a_desc, bar, v_s, vn_s, a_s, t0, tv, ta):
+    """G's TMA loads of V, V' and ``A_inv`` (spent once phase D's first products are) on
+    ``bar``."""
+    mbarrier.expect(bar, 2 * v_desc.block_type.nbytes + a_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(vn_desc, [t0, tv], bar, vn_s)
     tma.async_copy_global_to_shared(v_desc, [t0, tv], bar, v_s)
     tma.async_copy_global_to_shared(a_desc, [t0, ta], bar, a_s)
+
+
+@gluon.jit
+def _issue_h_load(h_desc, bar, h_s, th):
+    """G's TMA load of the chunk's state ``h`` (spent after phase B) on ``bar``."""
+    mbarrier.expect(bar, h_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(h_desc, [th, 0], bar, h_s)
+
+
+@gluon.jit
+def _prefetch_l2(q2d, k2d, q_stride, k_stride, t0, tk, BT: gl.constexpr):
+    """The next chunk's Q and K rows (``t0 … t0 + BT``, columns ``tk …`` of the 2-D views)
+    hinted into L2 (``prefetch.global.L2``, one 128-byte line a thread: the 256-byte rows'
+    two halves), so that their TMA loads after phase D read L2 rather than HBM."""
+    PF: gl.constexpr = gl.BlockedLayout(size_per_thread=[1], threads_per_warp=[32],
+                                        warps_per_cta=[gl.num_warps()], order=[0])
+    i = gl.arange(0, 4 * BT, layout=PF)
+    row = (t0 + i % BT).to(gl.int64)
+    half = (i // BT) % 2 * 64  # elements: 128 bytes of a 16-bit row
+    pq = q2d + row * q_stride + tk + half
+    pk = k2d + row * k_stride + tk + half
+    ptr = gl.where(i < 2 * BT, pq, pk)
+    gl.inline_asm_elementwise("mov.b32 $0, 0;\n\tprefetch.global.L2 [$1];", "=r,l", [ptr],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _stamp(stamps, slot, j, STAMPS: gl.constexpr):
+    """With ``STAMPS``: the global timer (ns) into ``stamps[slot + j]`` (a probe's debug
+    buffer; every thread of the partition stores the same value)."""
+    if STAMPS:
+        t = gl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,l", [slot],
+                                      dtype=gl.int64, is_pure=False, pack=1)
+        gl.store(stamps + slot + j, t)
 
 
 @gluon.jit
@@ -174,12 +218,16 @@ def _neg_dos(do_s, gam_r, n, scale, IO: gl.constexpr):
 @gluon.jit
 def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
                      q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s,
-                     ld_g, ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready,
+                     ld_qk, ld_vva, ld_h, ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready,
                      G, beta, dq, dk, dv, dbeta, dg, doc_offsets, doc_chunk_offsets, i_n,
-                     i_hv, HV, tk, tv, scale, K: gl.constexpr, V: gl.constexpr,
-                     BT: gl.constexpr):
+                     i_hv, HV, tk, tv, scale, q2d, k2d, q_stride, k_stride, stamps,
+                     K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+                     PREFETCH: gl.constexpr, STAMPS: gl.constexpr):
     """G (default, 8 warps): per chunk, ``dU`` for S, then phases A–D of the chunk
-    gradients, ``−dos`` for S after phase B, and the next chunk's loads after phase D."""
+    gradients, ``−dos`` for S after phase B; the next chunk's tiles are loaded as they die
+    (``h`` after phase B with ``⟨S, dS⟩`` formed there, V, V', ``A_inv`` after phase D's
+    first products, Q and K at the end, with ``PREFETCH`` hinted into L2 at the chunk's
+    start). ``STAMPS``: 8 timer stamps a chunk into ``stamps`` (the probe's breakdown)."""
     gl.static_assert(gl.num_warps() == 8)
     L64: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 2], instr_shape=[16, BT // 2, 16])
@@ -197,11 +245,13 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
     c0 = gl.load(doc_chunk_offsets + i_n)
     ta = i_hv * BT
     if n_chunks > 0:
-        ic0 = n_chunks - 1
-        _issue_g_loads(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, ld_g, q_s, k_s, v_s,
-                       vn_s, a_s, h_s, bos + ic0 * BT, tk, tv, ta, ((c0 + ic0) * HV + i_hv) * K)
+        t_first = bos + (n_chunks - 1) * BT
+        _issue_qk_loads(q_desc, k_desc, ld_qk, q_s, k_s, t_first, tk)
+        _issue_vva_loads(v_desc, vn_desc, a_desc, ld_vva, v_s, vn_s, a_s, t_first, tv, ta)
+        _issue_h_load(h_desc, ld_h, h_s, ((c0 + n_chunks - 1) * HV + i_hv) * K)
     rows = gl.arange(0, BT, layout=R64)
     cols = gl.arange(0, BT, layout=C64)
+    prog = (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)).to(gl.int64)
     # disable_licm: the body's thread-invariant shared-memory offsets hoisted out of the
     # loop would stay live through it (chunk_grads' reason too)
     for it in _loop(0, n_chunks, disable_licm=True):
@@ -209,54 +259,79 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
         ic = n_chunks - 1 - it
         t0 = bos + ic * BT
         n = gl.minimum(eos - t0, BT)
+        has_next = it + 1 < n_chunks
+        slot = (prog * 64 + gl.minimum(it, 63)) * 8
+        _stamp(stamps, slot, 0, STAMPS)
+        if PREFETCH:
+            if has_next:
+                _prefetch_l2(q2d, k2d, q_stride, k_stride, t0 - BT, tk, BT)
         p_s = t0.to(gl.int64) * HV + i_hv
         g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
             G, beta, p_s, n, HV, rows, cols, R128)
-        mbarrier.wait(ld_g, ph)
+        mbarrier.wait(ld_qk, ph)
         mbarrier.wait(ld_s, ph)
         if n < BT:  # the first chunk only; du_s is written below, after the zeroing
+            mbarrier.wait(ld_vva, ph)
             _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT, K, V, IO, SCAN)
         mbarrier.wait(ds_ready, ph)
+        _stamp(stamps, slot, 1, STAMPS)
         z64 = gl.zeros([BT, BT], gl.float32, L64)
         z128 = gl.zeros([BT, V], gl.float32, L128)
         _dvl_and_du(k_s, q_s, do_s, ds_s, dS_s, du_s, rows, cols, g_r, g_c, kd128, n, scale,
                     z64, z128, BT, L128)
         mbarrier.arrive(du_ready, count=1)
+        _stamp(stamps, slot, 2, STAMPS)
 
         # ---- A: dP = dO V'ᵀ and Q Kᵀ; ds; Mo's crossing sums; dṼ, dv; X1 = dU Vᵀ
+        mbarrier.wait(ld_vva, ph)
         dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
                                scale, BT, SCAN, R64)
         x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V,
                                    L128)
-        # ---- B: dQ stored, dW into V's tile, dT; then −dos over the spent dO for S
+        _stamp(stamps, slot, 3, STAMPS)
+        # ---- B: dQ stored, dW into V's tile; −dos over the spent dO for S; ⟨S, dS⟩, after
+        # which h is spent: the next chunk's loads into its tile; dT
+        mbarrier.wait(ld_h, ph)
         p_o = p_s * K
         x1, dgq, dw_s = _phase_b_dq(x1, do_s, du_s, h_s, q_s, k_s, v_s, ds_s, z128, dq, dq,
                                     0, p_o, HV * K, 0, gam_r128, n, scale, 1, BT, K, L128)
         _neg_dos(do_s, gam_r, n, scale, IO)
         mbarrier.arrive(dos_ready, count=1)
+        sds = _state_dot(h_s, dS_s, K, V, IO)
+        if has_next:
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's reads of h are done
+            _issue_h_load(h_desc, ld_h, h_s, ((c0 + ic - 1) * HV + i_hv) * K)
         d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
+        _stamp(stamps, slot, 4, STAMPS)
         # ---- C: E', diag(β) E', K Kᵀ, Mw's crossing sums
         cs_w = _phase_c(d_t, dt_s, a_s, k_s, dt_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
                         BT, SCAN, R64, True)  # E' over dT Tᵀ
         e_s = dt_s
-        # ---- D: dK (the state term from dS16_{c+1} in the dS tile), ⟨S, dS⟩
+        _stamp(stamps, slot, 5, STAMPS)
+        # ---- D: dK (the state term from dS16_{c+1} in the dS tile); after its first
+        # products V, V' and A_inv are spent, after dK Q and K
         acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
-        acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dS_s, z128, K, V, IO)
+        acc, dks, _ = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dS_s, z128, K, V, IO, False)
         acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dS_s, gam_r128, L128)
+        if has_next:
+            fence_async_shared()
+            gl.thread_barrier()  # every warp's reads of V (dW), V', A_inv are done
+            _issue_vva_loads(v_desc, vn_desc, a_desc, ld_vva, v_s, vn_s, a_s, t0 - BT, tv, ta)
         acc, db_c, kds = _phase_d_dk(acc, dks, k_r, eb_s, ds_s, k_s, q_s, b_r128, kd128)
         _store_rows(dk + p_o, acc, n, HV * K, BT, K, L128)
         fence_async_shared()  # every generic read of the tiles before TMA or S rewrites them
         gl.thread_barrier()
         mbarrier.arrive(ds_free, count=1)
-        if it + 1 < n_chunks:  # Q also waits for S's Q term
+        if has_next:  # Q also waits for S's Q term
             mbarrier.wait(q_free, ph)
-            _issue_g_loads(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, ld_g, q_s, k_s,
-                           v_s, vn_s, a_s, h_s, t0 - BT, tk, tv, ta,
-                           ((c0 + ic - 1) * HV + i_hv) * K)
+            _issue_qk_loads(q_desc, k_desc, ld_qk, q_s, k_s, t0 - BT, tk)
+        _stamp(stamps, slot, 6, STAMPS)
         _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr,
                         dgq, db_c, db_v, b_r, R64)
+        _stamp(stamps, slot, 7, STAMPS)
 
 
 @gluon.jit
@@ -324,9 +399,10 @@ def _chain_partition(w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s,
 def _fused_bwd_gluon_kernel(
     q_desc, k_desc, v_desc, vn_desc, w_desc, do_desc, h_desc, a_desc,
     G, beta, dht, dq, dk, dv, dbeta, dg, dh0, doc_offsets, doc_chunk_offsets, doc_order,
-    scale, HV,
+    scale, HV, q2d, k2d, q_stride, k_stride, stamps,
     K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, USE_DHT: gl.constexpr,
-    S_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
+    S_REGS: gl.constexpr, ORDERED: gl.constexpr = False, PREFETCH: gl.constexpr = False,
+    STAMPS: gl.constexpr = False,
 ):
     gl.static_assert(K == V)
     i_hv = gl.program_id(0)
@@ -346,25 +422,28 @@ def _fused_bwd_gluon_kernel(
     ds_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # round(Pᵀ), then dP ⊙ D · scale
     dt_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # dT, dT Tᵀ, then E'
     eb_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)
-    bars = gl.allocate_shared_memory(gl.int64, [7, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(7):
+    bars = gl.allocate_shared_memory(gl.int64, [9, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(9):
         mbarrier.init(bars.index(i), count=1)
     fence_async_shared()
-    ld_g = bars.index(0)
-    ld_s = bars.index(1)
-    du_ready = bars.index(2)
-    dos_ready = bars.index(3)
-    q_free = bars.index(4)
-    ds_free = bars.index(5)
-    ds_ready = bars.index(6)
+    ld_s = bars.index(0)
+    du_ready = bars.index(1)
+    dos_ready = bars.index(2)
+    q_free = bars.index(3)
+    ds_free = bars.index(4)
+    ds_ready = bars.index(5)
+    ld_qk = bars.index(6)
+    ld_vva = bars.index(7)
+    ld_h = bars.index(8)
     tk = i_hv * K  # one value head per q/k head
     tv = i_hv * V
     gl.warp_specialize([
         (_grads_partition, (q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, q_s, k_s, v_s,
-                            vn_s, do_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s, ld_g,
-                            ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready, G, beta, dq,
-                            dk, dv, dbeta, dg, doc_offsets, doc_chunk_offsets, i_n, i_hv, HV,
-                            tk, tv, scale, K, V, BT)),
+                            vn_s, do_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s, ld_qk,
+                            ld_vva, ld_h, ld_s, du_ready, dos_ready, q_free, ds_free,
+                            ds_ready, G, beta, dq, dk, dv, dbeta, dg, doc_offsets,
+                            doc_chunk_offsets, i_n, i_hv, HV, tk, tv, scale, q2d, k2d,
+                            q_stride, k_stride, stamps, K, V, BT, PREFETCH, STAMPS)),
         (_chain_partition, (w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s, ld_s, du_ready,
                             dos_ready, q_free, ds_free, ds_ready, G, dht, dh0, doc_offsets,
                             i_n, i_hv, HV, tk, tv, K, V, BT, USE_DHT)),
@@ -387,8 +466,8 @@ def gluon_fused_bwd_supported(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Ten
 
 def _descriptors(q, k, v, v_new, W, do, h, A_inv) -> dict:
     """TMA descriptors over the 2-D views the kernel tiles (CPU tensors suffice, for
-    :mod:`tools.sm90_report`)."""
-    K, V = q.shape[-1], v.shape[-1]
+    :mod:`tools.sm90_report`); ``q``/``k`` may be given as their 2-D views already."""
+    K, V = _K, _V
     return dict(
         q_desc=descriptor(rows_view(q), [_BT, K]),
         k_desc=descriptor(rows_view(k), [_BT, K]),
@@ -421,6 +500,7 @@ def fused_bwd_gluon(
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
     dh0: torch.Tensor | None = None,
+    stamps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
            torch.Tensor]:
     """The reverse state recurrence and every chunk gradient in one Gluon launch.
@@ -431,6 +511,9 @@ def fused_bwd_gluon(
     (any float dtype) or ``None``; ``q, k, v, v_new, W, do, h, A_inv`` in one 16-bit dtype.
     ``dq``/``dk``: result buffers ``[T,H,128]`` contiguous, any float dtype (fp32 for the
     L2-norm backward; default q's dtype); ``dh0``: that of ``dh0`` (may be ``dht``).
+    ``stamps``: a probe's int64 buffer of ``8 · 64`` per program (``HV × N``): partition
+    G's timer at eight points of each of a program's first 64 chunks
+    (``benchmarks/gluon_fused_bwd_probe.py --stamps`` reads them).
 
     Returns:
         ``(dq, dk, dv [T,H,128] in v's dtype, dbeta [T,H] in beta's dtype, dg [T,H] in
@@ -498,13 +581,20 @@ def fused_bwd_gluon(
         dht = dht.contiguous()
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     beta = beta.contiguous()
-    descs = _descriptors(q, k, v, v_new, W, do, h, A_inv)
+    if stamps is not None and (stamps.dtype != torch.int64 or stamps.numel() < HV * N * 512
+                               or not stamps.is_contiguous()):
+        raise ValueError(f"stamps must be a contiguous int64 tensor of at least "
+                         f"{HV * N * 512} elements")
+    q2d, k2d = rows_view(q), rows_view(k)  # the views TMA tiles (and the L2 hints read)
+    descs = _descriptors(q2d, k2d, v, v_new, W, do, h, A_inv)
     order = ordered_docs(index)
     _FUSED_BWD_GLUON_KERNEL[(HV, N)](
         *descs.values(), G, beta, dht if dht is not None else dh0, dq, dk, dv, dbeta, dg, dh0,
         index.doc_offsets, index.doc_chunk_offsets,
         index.doc_chunk_offsets if order is None else order, float(scale), HV,
+        q2d, k2d, q2d.stride(0), k2d.stride(0), dh0 if stamps is None else stamps,
         K=_K, V=_V, BT=_BT, USE_DHT=dht is not None, S_REGS=GLUON_FUSED_BWD_S_REGS,
-        ORDERED=order is not None, num_warps=8, maxnreg=_MAXNREG,
+        ORDERED=order is not None, PREFETCH=GLUON_FUSED_BWD_PREFETCH,
+        STAMPS=stamps is not None, num_warps=8, maxnreg=_MAXNREG,
     )
     return dq, dk, dv, dbeta, dg, dh0
