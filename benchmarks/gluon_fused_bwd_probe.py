@@ -17,7 +17,9 @@ difference of each that is not) and whether the fused call is repeatable. A shap
 ``T:docs`` (``docs`` equal documents: the segment layout of the det path, whose segments of
 4096 tokens are the kernels' documents, e.g. ``32768:8`` is one 32K document's 8 segments or
 B4 T8192) or ``T:docs:ln`` (the benchmark's log-normal document lengths, the kernels on the
-document layout: its longest document sets the launch). Needs Triton 3.6's Gluon and an
+document layout: its longest document sets the launch); a last field ``gN`` gives N value
+heads per q/k head (the pair's chunk gradients then sum each group in their CTA; the fused
+kernel's fp32 per-value-head ``dq``/``dk`` go through ``group_reduce``). Needs Triton 3.6's Gluon and an
 sm_90 GPU::
 
     python benchmarks/gluon_fused_bwd_probe.py [--shapes 32768:8,65536:16,32768:8:ln,8192:2]
@@ -46,42 +48,44 @@ H, D = 16, 128
 NAMES = ("dq", "dk", "dv", "dbeta", "dg", "dh0")
 
 
-def _problem(T: int, docs: int, lognormal: bool) -> dict:
+def _problem(T: int, docs: int, lognormal: bool, group: int = 1) -> dict:
     from gdn_core.chunking import ChunkIndex
     from gdn_core.ops.chunk_state import chunk_state_fwd
     from gdn_core.ops.cumsum import chunk_cumsum_fwd
     from gdn_core.ops.wy import inverse_for_backward, wy_fwd
 
-    inp = common.make_gdn_inputs(common.GDNShape(B=1, T=T, H=H, K=D, V=D,
+    inp = common.make_gdn_inputs(common.GDNShape(B=1, T=T, H=H, HV=H * group, K=D, V=D,
                                                  D=docs if lognormal else 1),
                                  dtype=torch.bfloat16, device="cuda", requires_grad=False)
     q, k, v, g, beta, do = (x[0].contiguous() for x in (*inp.leaves, inp.do))
     offsets = inp.offsets if lognormal else [T * i // docs for i in range(docs + 1)]
     index = ChunkIndex.build(offsets, "cuda")
     G = chunk_cumsum_fwd(g, index)
-    A_inv, W, U = wy_fwd(k, v, beta, G, index, 1)
+    A_inv, W, U = wy_fwd(k, v, beta, G, index, group)
     A_inv = inverse_for_backward(A_inv, k, v)  # the 16-bit copy the backward reads
-    h, v_new, _ = chunk_state_fwd(k, W, U, G, index, 1, initial_state=None,
+    h, v_new, _ = chunk_state_fwd(k, W, U, G, index, group, initial_state=None,
                                   output_final_state=False, store_states=True)
-    dht = torch.randn(index.num_docs, H, D, D, device="cuda") * 0.1
+    dht = torch.randn(index.num_docs, H * group, D, D, device="cuda") * 0.1
     return dict(q=q, k=k, v=v, v_new=v_new, h=h, W=W, do=do, G=G, beta=beta, A_inv=A_inv,
-                dht=dht, scale=D**-0.5, index=index, g_dtype=g.dtype)
+                dht=dht, scale=D**-0.5, index=index, g_dtype=g.dtype, group=group)
 
 
 def _arms(p: dict) -> dict:
-    from gdn_core.ops.gluon.chunk_grads import chunk_grads_bwd_gluon
+    from gdn_core.ops.gluon.chunk_grads import chunk_grads_bwd_gluon_summed
+    from gdn_core.ops.group_reduce import group_reduce
     from gdn_core.ops.gluon.fused_bwd import fused_bwd_gluon
     from gdn_core.ops.gluon.fused_state_bwd import fused_state_bwd_gluon
 
     q, k, v, v_new, h, W, do, G, beta, A, dht = (p[n] for n in (
         "q", "k", "v", "v_new", "h", "W", "do", "G", "beta", "A_inv", "dht"))
-    scale, index, g_dtype = p["scale"], p["index"], p["g_dtype"]
+    scale, index, g_dtype, group = p["scale"], p["index"], p["g_dtype"], p["group"]
 
     def pair():
-        dh, dvp, dh0 = fused_state_bwd_gluon(q, k, W, G, do, dht, scale, index, 1)
+        dh, dvp, dh0 = fused_state_bwd_gluon(q, k, W, G, do, dht, scale, index, group)
         dq, dk = torch.empty_like(q), torch.empty_like(k)
-        dq, dk, dv, dbeta, dg = chunk_grads_bwd_gluon(q, k, v, v_new, h, dh, do, dvp, G, beta,
-                                                      A, scale, index, 1, g_dtype, dq=dq, dk=dk)
+        dq, dk, dv, dbeta, dg = chunk_grads_bwd_gluon_summed(
+            q, k, v, v_new, h, dh, do, dvp, G, beta, A, scale, index, group, g_dtype, dq=dq,
+            dk=dk)
         return dq, dk, dv, dbeta, dg, dh0
 
     def fused(prefetch: bool = False, stamps=None):
@@ -89,12 +93,20 @@ def _arms(p: dict) -> dict:
 
         fb.GLUON_FUSED_BWD_PREFETCH = prefetch
         try:
-            return fused_bwd_gluon(q, k, v, v_new, h, W, do, G, beta, A, dht, scale, index,
-                                   g_dtype, stamps=stamps)
+            dq, dk, *rest = fused_bwd_gluon(q, k, v, v_new, h, W, do, G, beta, A, dht, scale,
+                                            index, g_dtype, stamps=stamps)
         finally:
             fb.GLUON_FUSED_BWD_PREFETCH = False
+        if group > 1:  # the per-value-head partials summed as the summed kernel does
+            dq, dk = group_reduce(dq, group, q.dtype), group_reduce(dk, group, k.dtype)
+        return dq, dk, *rest
 
     return {"pair": pair, "fused": fused, "fused+L2": lambda: fused(True)}
+
+
+def _group(parts: list[str]) -> int:
+    """The ``gN`` field of a shape (value heads per q/k head), 1 if absent."""
+    return next((int(x[1:]) for x in parts[2:] if x.startswith("g")), 1)
 
 
 STAGES = ("wait Q/K, dS16", "X, dv_local", "phase A", "phase B", "phase C", "phase D",
@@ -105,8 +117,8 @@ def _stamps(shape: str) -> str:
     """One stamped run of the fused kernel at ``T:docs[:ln]``: the mean µs of each interval
     between partition G's stamps and the mean chunk period."""
     parts = shape.split(":")
-    p = _problem(int(parts[0]), int(parts[1]), parts[2:] == ["ln"])
-    programs = p["index"].num_docs * H
+    p = _problem(int(parts[0]), int(parts[1]), "ln" in parts[2:], _group(parts))
+    programs = p["index"].num_docs * H * p["group"]
     buf = torch.zeros(programs * 512, dtype=torch.int64, device="cuda")
     _arms(p)["fused"](stamps=buf)
     torch.cuda.synchronize()
@@ -125,7 +137,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--shapes", default="32768:8,65536:16,32768:8:ln,8192:2",
+    parser.add_argument("--shapes", default="32768:8,65536:16,32768:8:g2,32768:8:ln,8192:2",
                         help="T:docs[:ln] list")
     parser.add_argument("--stamps", default="", help="T:docs[:ln]: the per-phase breakdown")
     args = parser.parse_args(argv)
@@ -142,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
           "dht fp32")
     for shape in args.shapes.split(","):
         parts = shape.split(":")
-        T, docs, ln = int(parts[0]), int(parts[1]), parts[2:] == ["ln"]
-        arms = _arms(_problem(T, docs, ln))
+        T, docs, ln, group = int(parts[0]), int(parts[1]), "ln" in parts[2:], _group(parts)
+        arms = _arms(_problem(T, docs, ln, group))
         outs = {name: fn() for name, fn in arms.items()}
         torch.cuda.synchronize()
         ms = {name: triton.testing.do_bench(fn, warmup=5, rep=50) for name, fn in arms.items()}
         again = arms["fused"]()
         same = all(torch.equal(a, b) for a, b in zip(outs["fused"], again, strict=True))
-        line = [f"T{T} D{docs}{' lognormal' if ln else ''}: "
+        line = [f"T{T} D{docs}{' lognormal' if ln else ''} HV{H * group}: "
                 + " | ".join(f"{n} {t:.4f} ms" for n, t in ms.items())]
         for arm in ("fused", "fused+L2"):
             diff = [f"{n} {_rel(a, b):.2e}" for n, a, b in

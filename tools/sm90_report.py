@@ -184,7 +184,7 @@ def gluon_reports() -> None:
         for warps in (go.GLUON_OUTPUT_WARPS, 8):  # the pinned one warpgroup; two (not launched)
             print(f"H={H} HV={HV}")
             report_gluon(go._chunk_output_fwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64), num_warps=warps)
+                         dict(K=K, V=K, BT=64), num_warps=warps)
 
 
 def gluon_grads_args(H: int, HV: int) -> dict:
@@ -296,7 +296,7 @@ def gluon_state_reports() -> None:
                         v_new=wu, ht=st, doc_offsets=i32, doc_chunk_offsets=i32, HV=HV)
             print(f"H={H} HV={HV} BV={bv} STAGES={stages}")
             report_gluon(gs._chunk_state_fwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=stages,
+                         dict(K=K, V=K, BT=64, BV=bv, STAGES=stages,
                               USE_H0=True, STORE_H=True, STORE_VNEW=True, STORE_FINAL=True),
                          num_warps=4)
         cfg = chunk_state_config(K, K, 2, programs=128)
@@ -305,7 +305,7 @@ def gluon_state_reports() -> None:
         report(_chunk_state_fwd_kernel, ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16",
                                          "*bf16", "*fp32", "*i32", "*i32", "*i32", "*i32",
                                          "i32:16", "i32:16"],
-               dict(GROUP=HV // H, K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
+               dict(K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                     USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
                     STORE_FINAL=True, PREC="tf32", ORDERED=False),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -336,7 +336,7 @@ def gluon_state_bwd_reports() -> None:
                         scale=0.5, HV=HV)
             print(f"H={H} HV={HV} BV={bv} STAGES={stages}")
             report_gluon(gs._chunk_state_bwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=stages, USE_DHT=True,
+                         dict(K=K, V=K, BT=64, BV=bv, STAGES=stages, USE_DHT=True,
                               HAS_NEED=False, STORE=True), num_warps=bv // 16)
         print(f"H={H} HV={HV} BV={gs.GLUON_STATE_BWD_BV} store=False, need (the segment path)")
         bv = gs.GLUON_STATE_BWD_BV
@@ -344,7 +344,7 @@ def gluon_state_bwd_reports() -> None:
                     dv=st, dh0=st, doc_offsets=i32, doc_chunk_offsets=i32, need=i32,
                     scale=0.5, HV=HV)
         report_gluon(gs._chunk_state_bwd_gluon_kernel, args,
-                     dict(GROUP=HV // H, K=K, V=K, BT=64, BV=bv, STAGES=gs.GLUON_STATE_BWD_STAGES,
+                     dict(K=K, V=K, BT=64, BV=bv, STAGES=gs.GLUON_STATE_BWD_STAGES,
                           USE_DHT=True, HAS_NEED=True, STORE=False), num_warps=bv // 16)
         cfg = chunk_state_bwd_config(K, K)
         print(f"H={H} HV={HV} Triton _chunk_state_bwd_kernel BV={cfg['BV']}")
@@ -380,7 +380,7 @@ def gluon_wy_reports() -> None:
         for warps, merge in ((gw.GLUON_WY_WARPS, 32), (gw.GLUON_WY_WARPS, 16), (8, 32)):
             print(f"H={H} HV={HV} MERGE_K={merge}")
             report_gluon(gw._wy_fwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=16, MERGE_K=merge),
+                         dict(K=K, V=K, BT=64, STORE_A=16, MERGE_K=merge),
                          num_warps=warps)
     _wy_triton_report(invert_modes=(True,))
 
@@ -405,7 +405,7 @@ def gluon_fused_fwd_reports() -> None:
         print(f"H={H} HV={HV} STAGES={ff.GLUON_FUSED_FWD_STAGES} "
               f"O_REGS={ff.GLUON_FUSED_FWD_O_REGS}")
         out = report_gluon(ff._fused_fwd_gluon_kernel, args,
-                           dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=ff.GLUON_FUSED_FWD_STAGES,
+                           dict(K=K, V=K, BT=64, STAGES=ff.GLUON_FUSED_FWD_STAGES,
                                 USE_H0=True, STORE_FINAL=True, O_REGS=ff.GLUON_FUSED_FWD_O_REGS,
                                 ORDERED=True),
                            num_warps=8, maxnreg=ff._MAXNREG)
@@ -433,7 +433,7 @@ def gluon_recompute_reports() -> None:
         print(f"H={H} HV={HV} STAGES={rc.GLUON_RECOMPUTE_STAGES} "
               f"F_REGS={rc.GLUON_RECOMPUTE_F_REGS}")
         out = report_gluon(rc._recompute_gluon_kernel, args,
-                           dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=rc.GLUON_RECOMPUTE_STAGES,
+                           dict(K=K, V=K, BT=64, STAGES=rc.GLUON_RECOMPUTE_STAGES,
                                 USE_H0=True, F_REGS=rc.GLUON_RECOMPUTE_F_REGS, ORDERED=True),
                            num_warps=8, maxnreg=rc._MAXNREG)
         print_specialised(out["ptx"])
@@ -463,7 +463,7 @@ def gluon_dv_local_reports() -> None:
                                       (4, False, None), (8, True, None)):
             print(f"H={H} HV={HV} TMA_STORE={tma_store} maxnreg={cap}")
             report_gluon(gd._dv_local_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64, TMA_STORE=tma_store),
+                         dict(K=K, V=K, BT=64, TMA_STORE=tma_store),
                          num_warps=warps, **({"maxnreg": cap} if cap else {}))
         cfg = dv_local_config(K, K)
         for stages in (cfg["num_stages"], 3):
@@ -500,7 +500,7 @@ def gluon_wy_apply_reports() -> None:
         for warps, cap in ((gw.GLUON_WY_APPLY_WARPS, gw.GLUON_WY_APPLY_MAXNREG), (4, 96),
                            (8, None)):
             print(f"H={H} HV={HV} maxnreg={cap}")
-            report_gluon(gw._wy_apply_gluon_kernel, args, dict(GROUP=HV // H, K=K, V=K, BT=64),
+            report_gluon(gw._wy_apply_gluon_kernel, args, dict(K=K, V=K, BT=64),
                          num_warps=warps, **({} if cap is None else {"maxnreg": cap}))
     _wy_triton_report(invert_modes=(False,), a_type="*bf16")
 
@@ -582,7 +582,7 @@ def fused_fwd_reports() -> None:
             print(f"H={H} HV={HV} fused BV={bv}{tag}")
             # q k W U G h0 o ht doc_offsets doc_order scale (H, HV are constexpr)
             report(_chunk_fwd_fused_kernel, [bf] * 4 + [f32, f32, bf, f32, i32, i32, "fp32"],
-                   dict(H=H, HV=HV, GROUP=HV // H, K=K, V=K, BT=64, BK=cfg["BK"], BV=bv,
+                   dict(H=H, HV=HV, K=K, V=K, BT=64, BK=cfg["BK"], BV=bv,
                         USE_H0=True, STORE_FINAL=True, PREC="tf32", ORDERED=ordered),
                    num_warps=warps, num_stages=stages)
         cfg = chunk_state_config(K, K, 2, programs=128)
@@ -590,7 +590,7 @@ def fused_fwd_reports() -> None:
         # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order H HV
         report(_chunk_state_fwd_kernel, [bf] * 3 + [f32, f32, bf, bf, f32, i32, i32, i32, i32,
                                                     hty, "i32:16"],
-               dict(GROUP=HV // H, K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
+               dict(K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                     USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
                     STORE_FINAL=True, PREC="tf32", ORDERED=False),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
@@ -598,7 +598,7 @@ def fused_fwd_reports() -> None:
         print(f"H={H} HV={HV} Triton _chunk_output_fwd_kernel BK={cfg['BK']} BV={cfg['BV']}")
         # q k v_new h G o chunk_start chunk_len scale H HV
         report(_chunk_output_fwd_kernel, [bf] * 4 + [f32, bf, i32, i32, "fp32", hty, "i32:16"],
-               dict(GROUP=HV // H, K=K, V=K, BT=64, BK=cfg["BK"], BV=cfg["BV"], PREC="tf32"),
+               dict(K=K, V=K, BT=64, BK=cfg["BK"], BV=cfg["BV"], PREC="tf32"),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -632,7 +632,7 @@ def fused_state_reports() -> None:
                   f" DSTAGES={fs.GLUON_FUSED_STATE_DSTAGES} A_REGS={fs.GLUON_FUSED_STATE_A_REGS}")
             out = report_gluon(
                 fs._fused_state_bwd_gluon_kernel, args,
-                dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=stages,
+                dict(K=K, V=K, BT=64, STAGES=stages,
                      DSTAGES=fs.GLUON_FUSED_STATE_DSTAGES, USE_DHT=True, HAS_NEED=has_need,
                      STORE=store, A_REGS=fs.GLUON_FUSED_STATE_A_REGS, ORDERED=ordered),
                 num_warps=8, maxnreg=fs._MAXNREG)
@@ -668,7 +668,7 @@ def fused_bwd_reports() -> None:
             print(f"H=HV={H} ordered={ordered} prefetch={prefetch} stamps={stamps} "
                   f"S_REGS={fb.GLUON_FUSED_BWD_S_REGS}")
             out = report_gluon(fb._fused_bwd_gluon_kernel, args,
-                               dict(K=K, V=K, BT=64, USE_DHT=True,
+                               dict(GROUP=1, K=K, V=K, BT=64, USE_DHT=True,
                                     S_REGS=fb.GLUON_FUSED_BWD_S_REGS, ORDERED=ordered,
                                     PREFETCH=prefetch, STAMPS=stamps),
                                num_warps=8, maxnreg=fb._MAXNREG)

@@ -1,5 +1,5 @@
 """The fused backward's launcher without a GPU: it imports, it is declared atomic-free, it
-refuses what it does not serve (``ValueError``: grouped value heads included) and devices
+refuses what it does not serve (``ValueError``) and devices
 it cannot run on (``RuntimeError``) before compiling anything; the ``fused_bwd`` stage runs
 by name only (not a default, not in ``all``), and the backward takes it only where it
 serves the whole last phase. The kernel itself: ``test_gluon_fused_bwd_gpu.py``."""
@@ -36,7 +36,7 @@ def test_declared_atomic_free():
 
 
 @pytest.mark.parametrize("kw", [dict(K=64), dict(V=64), dict(dtype=torch.float32),
-                                dict(a_dtype=torch.float16), dict(chunk=32), dict(group=2)])
+                                dict(a_dtype=torch.float16), dict(chunk=32)])
 def test_unsupported_shapes_and_dtypes_raise_value_error(kw):
     args = _args(**kw)
     assert not fb.gluon_fused_bwd_supported(args[0], args[2], args[9], args[12])
@@ -44,9 +44,21 @@ def test_unsupported_shapes_and_dtypes_raise_value_error(kw):
         fb.fused_bwd_gluon(*args)
 
 
-def test_grouped_value_heads_are_refused_by_name():
-    with pytest.raises(ValueError, match="one value head per q/k head"):
-        fb.fused_bwd_gluon(*_args(group=2))
+def test_grouped_value_heads_take_per_value_head_partials():
+    """Grouped value heads are served (``dq``/``dk`` as ``[T, HV, K]`` partials for
+    ``group_reduce``): a ``[T, H, K]`` buffer is refused, as is a value-head count that is
+    not a multiple of the q/k heads."""
+    args = _args(group=2)
+    assert fb.gluon_fused_bwd_supported(args[0], args[2], args[9], args[12])
+    T, H, K = args[0].shape
+    with pytest.raises(ValueError, match=r"must be a contiguous \(70, 4, 128\)"):
+        fb.fused_bwd_gluon(*args, dq=torch.empty(T, H, K))
+    with pytest.raises(RuntimeError):  # the CPU: refused only after every check passed
+        fb.fused_bwd_gluon(*args)
+    bad = _args(H=2, group=1)
+    bad[2] = bad[3] = bad[6] = torch.zeros(T, 3, 128, dtype=torch.bfloat16)
+    with pytest.raises(ValueError):
+        fb.fused_bwd_gluon(*bad)
 
 
 def test_mismatched_shapes_and_buffers_raise_value_error():

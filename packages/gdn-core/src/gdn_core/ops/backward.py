@@ -371,8 +371,9 @@ def pick_fused_bwd(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor, index:
     (stage ``fused_bwd`` of ``GDN_CORE_GLUON``, by name only), else ``None``.
 
     It serves the whole of :func:`backward_from_recompute` (no ``dv_local`` from the caller,
-    no workspace, no given result buffers) on CUDA sm_90 at K = V = 128, one value head per
-    q/k head, chunks of 64, with ``W``, ``h``, ``v_new`` and ``do`` in q's 16-bit dtype."""
+    no workspace, no given result buffers) on CUDA sm_90 at K = V = 128, chunks of 64, with
+    ``W``, ``h``, ``v_new`` and ``do`` in q's 16-bit dtype; grouped value heads through
+    fp32 per-value-head ``dq``/``dk`` and :func:`group_reduce`."""
     if dv_local is not None or workspace is not None or out is not None:
         return None
     fused = gluon.pick("fused_bwd", None, q, v, A_inv, index)
@@ -506,12 +507,18 @@ def backward_from_recompute(
     fused_all = pick_fused_bwd(q, v, A_inv, index, rec, do, workspace=workspace, out=out,
                                dv_local=dv_local)
     if fused_all is not None:  # the reverse chain and every chunk gradient in one launch
-        dq, dk = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
-                  for x in (q, k))
+        if group == 1:
+            dq, dk = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
+                      for x in (q, k))
+        else:  # fp32 per-value-head partials, summed below in the summed kernel's order
+            dq = dk = None
         dq, dk, dv, dbeta, dg, dh0 = fused_all(
             q, k, v, rec.v_new, rec.h, rec.W, do, G, beta, A_inv, dht, scale, index, g_dtype,
             dq=dq, dk=dk, dh0=dh0)
         rec.W = rec.h = rec.v_new = None
+        if group > 1:
+            dq = group_reduce(dq, group, dqk_dtype or q.dtype)
+            dk = group_reduce(dk, group, dqk_dtype or k.dtype)
         return dq, dk, dv, dg, dbeta, dh0
     direct = not uses_dq_partials(group, dqk_dtype)  # dq/dk complete in their kernels
     _, ws = resolve_workspace(

@@ -2,7 +2,10 @@
 Gluon for Hopper (sm_90a): step 2 of ``docs/fused_backward.md`` §3.
 
 Stage ``fused_bwd`` of :data:`gdn_core.ops.gluon.STAGES` (by name only until the H200 has
-timed it), K = V = 128, chunks of 64, 16-bit inputs, one value head per q/k head. One launch
+timed it), K = V = 128, chunks of 64, 16-bit inputs. With grouped value heads a CTA owns
+one value head, so ``dq``/``dk`` come out as fp32 per-value-head partials for
+:func:`~gdn_core.ops.group_reduce.group_reduce` (the summed chunk-gradient kernel's order,
+so its bits). One launch
 replaces :func:`~gdn_core.ops.gluon.fused_state_bwd.fused_state_bwd_gluon` (``store=True``)
 followed by :func:`~gdn_core.ops.gluon.chunk_grads.chunk_grads_bwd_gluon`: the state
 gradients ``dh`` and ``dV'`` never reach memory (3 units of one ``[T, HV, 128]`` 16-bit
@@ -400,8 +403,9 @@ def _fused_bwd_gluon_kernel(
     q_desc, k_desc, v_desc, vn_desc, w_desc, do_desc, h_desc, a_desc,
     G, beta, dht, dq, dk, dv, dbeta, dg, dh0, doc_offsets, doc_chunk_offsets, doc_order,
     scale, HV, q2d, k2d, q_stride, k_stride, stamps,
-    K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr, USE_DHT: gl.constexpr,
-    S_REGS: gl.constexpr, ORDERED: gl.constexpr = False, PREFETCH: gl.constexpr = False,
+    GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
+    USE_DHT: gl.constexpr, S_REGS: gl.constexpr, ORDERED: gl.constexpr = False,
+    PREFETCH: gl.constexpr = False,
     STAMPS: gl.constexpr = False,
 ):
     gl.static_assert(K == V)
@@ -435,7 +439,8 @@ def _fused_bwd_gluon_kernel(
     ld_qk = bars.index(6)
     ld_vva = bars.index(7)
     ld_h = bars.index(8)
-    tk = i_hv * K  # one value head per q/k head
+    tk = (i_hv // GROUP) * K  # the q/k head's columns of Q, K
+    tw = i_hv * K  # W: one per value head
     tv = i_hv * V
     gl.warp_specialize([
         (_grads_partition, (q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, q_s, k_s, v_s,
@@ -446,7 +451,7 @@ def _fused_bwd_gluon_kernel(
                             q_stride, k_stride, stamps, K, V, BT, PREFETCH, STAMPS)),
         (_chain_partition, (w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s, ld_s, du_ready,
                             dos_ready, q_free, ds_free, ds_ready, G, dht, dh0, doc_offsets,
-                            i_n, i_hv, HV, tk, tv, K, V, BT, USE_DHT)),
+                            i_n, i_hv, HV, tw, tv, K, V, BT, USE_DHT)),
     ], [4], [S_REGS])
 
 
@@ -456,10 +461,9 @@ _FUSED_BWD_GLUON_KERNEL = cached_launch(_fused_bwd_gluon_kernel)
 def gluon_fused_bwd_supported(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor,
                               index: ChunkIndex) -> bool:
     """Whether :func:`fused_bwd_gluon` serves these shapes and dtypes (the device is not
-    checked, nor the other tensors): K = V = 128, one value head per q/k head, chunks of
-    64, q, v and A_inv of one 16-bit dtype."""
+    checked, nor the other tensors): K = V = 128, chunks of 64, q, v and A_inv of one
+    16-bit dtype."""
     return (q.shape[-1] == _K and v.shape[-1] == _V and index.chunk_size == _BT
-            and v.shape[1] == q.shape[1]
             and q.dtype in (torch.bfloat16, torch.float16)
             and v.dtype == q.dtype and A_inv.dtype == q.dtype)
 
@@ -505,23 +509,26 @@ def fused_bwd_gluon(
            torch.Tensor]:
     """The reverse state recurrence and every chunk gradient in one Gluon launch.
 
-    ``q, k: [T,H,128]``; ``v, v_new, W, do: [T,H,128]`` (one value head per q/k head);
-    ``h: [NT,H,128,128]`` (the recompute's states); ``G, beta: [T,H]`` (``G`` fp32, another
-    float dtype is cast); ``A_inv: [T,H,64]`` (the 16-bit inverse); ``dht: [N,H,128,128]``
-    (any float dtype) or ``None``; ``q, k, v, v_new, W, do, h, A_inv`` in one 16-bit dtype.
-    ``dq``/``dk``: result buffers ``[T,H,128]`` contiguous, any float dtype (fp32 for the
-    L2-norm backward; default q's dtype); ``dh0``: that of ``dh0`` (may be ``dht``).
+    ``q, k: [T,H,128]``; ``v, v_new, W, do: [T,HV,128]`` (value head ``hv`` reads q/k head
+    ``hv // (HV/H)``); ``h: [NT,HV,128,128]`` (the recompute's states); ``G, beta: [T,HV]``
+    (``G`` fp32, another float dtype is cast); ``A_inv: [T,HV,64]`` (the 16-bit inverse);
+    ``dht: [N,HV,128,128]`` (any float dtype) or ``None``; ``q, k, v, v_new, W, do, h,
+    A_inv`` in one 16-bit dtype. ``dq``/``dk``: result buffers, contiguous: with one value
+    head per q/k head ``[T,H,128]`` in any float dtype (fp32 for the L2-norm backward;
+    default q's dtype), else the per-value-head partials ``[T,HV,128]`` (default fp32) that
+    :func:`~gdn_core.ops.group_reduce.group_reduce` sums in the order of the summed
+    chunk-gradient kernel; ``dh0``: that of ``dh0`` (may be ``dht``).
     ``stamps``: a probe's int64 buffer of ``8 · 64`` per program (``HV × N``): partition
     G's timer at eight points of each of a program's first 64 chunks
     (``benchmarks/gluon_fused_bwd_probe.py --stamps`` reads them).
 
     Returns:
-        ``(dq, dk, dv [T,H,128] in v's dtype, dbeta [T,H] in beta's dtype, dg [T,H] in
-        g_dtype, dh0 [N,H,128,128] fp32)``: what ``fused_state_bwd_gluon`` then
+        ``(dq, dk, dv [T,HV,128] in v's dtype, dbeta [T,HV] in beta's dtype, dg [T,HV] in
+        g_dtype, dh0 [N,HV,128,128] fp32)``: what ``fused_state_bwd_gluon`` then
         ``chunk_grads_bwd_gluon`` return (by construction; checked on the GPU).
 
     Raises:
-        ValueError: shapes that do not match, grouped value heads, K or V not 128, chunks
+        ValueError: shapes that do not match, K or V not 128, chunks
             not of 64, the tiled tensors not of one 16-bit dtype, a ``dq``/``dk``/``dh0``
             buffer of another shape (or not contiguous), or more rows than TMA's int32
             coordinates address.
@@ -546,9 +553,9 @@ def fused_bwd_gluon(
             f"h {tuple(h.shape)}, G {tuple(G.shape)}, beta {tuple(beta.shape)}, "
             f"A_inv {tuple(A_inv.shape)}, dht {None if dht is None else tuple(dht.shape)}, "
             f"chunks {NT}, docs {N}")
-    if HV != H:
-        raise ValueError(f"the Gluon fused backward serves one value head per q/k head, got "
-                         f"H={H}, HV={HV}")
+    if H == 0 or HV % H:
+        raise ValueError(f"value heads HV={HV} must be a multiple of the q/k heads H={H}")
+    group = HV // H
     if (K, V) != (_K, _V) or W.shape[2] != K or index.chunk_size != _BT:
         raise ValueError(f"the Gluon fused backward serves K = V = {_K} and chunks of {_BT}, "
                          f"got K={K}, V={V}, chunk size {index.chunk_size}")
@@ -558,12 +565,13 @@ def fused_bwd_gluon(
                          "one 16-bit dtype, got " + ", ".join(str(x.dtype) for x in tiled))
     if max(T, NT * HV * K) >= 2**31:
         raise ValueError(f"T={T} / NT*HV*K={NT * HV * K} exceed TMA's int32 coordinates")
-    outs = []
+    outs, shape = [], (T, HV, K)  # [T, H, K] with group 1
     for name, buf, dt in (("dq", dq, q.dtype), ("dk", dk, k.dtype)):
         if buf is None:
-            buf = torch.empty(T, H, K, dtype=dt, device=q.device)
-        elif tuple(buf.shape) != (T, H, K) or not buf.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous {(T, H, K)} tensor, got "
+            buf = torch.empty(shape, dtype=dt if group == 1 else torch.float32,
+                              device=q.device)
+        elif tuple(buf.shape) != shape or not buf.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous {shape} tensor, got "
                              f"{tuple(buf.shape)} (contiguous={buf.is_contiguous()})")
         outs.append(buf)
     if dh0 is not None and (tuple(dh0.shape) != (N, HV, K, V) or dh0.dtype != torch.float32
@@ -593,7 +601,8 @@ def fused_bwd_gluon(
         index.doc_offsets, index.doc_chunk_offsets,
         index.doc_chunk_offsets if order is None else order, float(scale), HV,
         q2d, k2d, q2d.stride(0), k2d.stride(0), dh0 if stamps is None else stamps,
-        K=_K, V=_V, BT=_BT, USE_DHT=dht is not None, S_REGS=GLUON_FUSED_BWD_S_REGS,
+        GROUP=group, K=_K, V=_V, BT=_BT, USE_DHT=dht is not None,
+        S_REGS=GLUON_FUSED_BWD_S_REGS,
         ORDERED=order is not None, PREFETCH=GLUON_FUSED_BWD_PREFETCH,
         STAMPS=stamps is not None, num_warps=8, maxnreg=_MAXNREG,
     )
