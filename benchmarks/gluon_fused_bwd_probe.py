@@ -22,7 +22,7 @@ heads per q/k head (the pair's chunk gradients then sum each group in their CTA;
 kernel's fp32 per-value-head ``dq``/``dk`` go through ``group_reduce``). Needs Triton 3.6's Gluon and an
 sm_90 GPU::
 
-    python benchmarks/gluon_fused_bwd_probe.py [--shapes 32768:8,65536:16,32768:8:ln,8192:2]
+    python benchmarks/gluon_fused_bwd_probe.py [--shapes 32768:8,65536:16,32768:8:g2,32768:8:ln,8192:2]
                                                [--stamps 32768:8]
 
 ``--stamps SHAPE`` also runs the fused kernel once with its timer stamps and prints where a
@@ -72,9 +72,9 @@ def _problem(T: int, docs: int, lognormal: bool, group: int = 1) -> dict:
 
 def _arms(p: dict) -> dict:
     from gdn_core.ops.gluon.chunk_grads import chunk_grads_bwd_gluon_summed
-    from gdn_core.ops.group_reduce import group_reduce
     from gdn_core.ops.gluon.fused_bwd import fused_bwd_gluon
     from gdn_core.ops.gluon.fused_state_bwd import fused_state_bwd_gluon
+    from gdn_core.ops.group_reduce import group_reduce
 
     q, k, v, v_new, h, W, do, G, beta, A, dht = (p[n] for n in (
         "q", "k", "v", "v_new", "h", "W", "do", "G", "beta", "A_inv", "dht"))
