@@ -19,8 +19,8 @@ difference of each that is not) and whether the fused call is repeatable. A shap
 B4 T8192) or ``T:docs:ln`` (the benchmark's log-normal document lengths, the kernels on the
 document layout: its longest document sets the launch); a last field ``gN`` gives N value
 heads per q/k head (the pair's chunk gradients then sum each group in their CTA; the fused
-kernel's fp32 per-value-head ``dq``/``dk`` go through ``group_reduce``). Needs Triton 3.6's Gluon and an
-sm_90 GPU::
+kernel's fp32 per-value-head ``dq``/``dk`` go through ``group_reduce``). Needs Triton 3.6's
+Gluon and an sm_90 GPU::
 
     python benchmarks/gluon_fused_bwd_probe.py [--shapes 32768:8,65536:16,32768:8:g2,32768:8:ln,8192:2]
                                                [--stamps 32768:8]
