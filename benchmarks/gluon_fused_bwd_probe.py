@@ -22,8 +22,8 @@ heads per q/k head (the pair's chunk gradients then sum each group in their CTA;
 kernel's fp32 per-value-head ``dq``/``dk`` go through ``group_reduce``). Needs Triton 3.6's
 Gluon and an sm_90 GPU::
 
-    python benchmarks/gluon_fused_bwd_probe.py [--shapes 32768:8,65536:16,32768:8:g2,32768:8:ln,8192:2]
-                                               [--stamps 32768:8]
+    python benchmarks/gluon_fused_bwd_probe.py \
+        [--shapes 32768:8,65536:16,32768:8:g2,32768:8:ln,8192:2] [--stamps 32768:8]
 
 ``--stamps SHAPE`` also runs the fused kernel once with its timer stamps and prints where a
 chunk's time goes in partition G (µs, mean over every program's chunks but its first):
