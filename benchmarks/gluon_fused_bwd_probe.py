@@ -25,6 +25,7 @@ Gluon and an sm_90 GPU::
     python benchmarks/gluon_fused_bwd_probe.py \
         [--shapes 32768:8,65536:16,32768:8:g2,32768:8:ln,8192:2] [--stamps 32768:8]
 
+``--variants SHAPE`` first times the register-budget variants (:func:`_variants`).
 ``--stamps SHAPE`` also runs the fused kernel once with its timer stamps and prints where a
 chunk's time goes in partition G (µs, mean over every program's chunks but its first):
 waiting for Q/K and ``dS16`` | the ``X``/``dv_local`` step | phase A | phase B | phase C |
@@ -113,11 +114,12 @@ STAGES = ("wait Q/K, dS16", "X, dv_local", "phase A", "phase B", "phase C", "pha
           "dg/dbeta")
 
 
-def _stamps(shape: str) -> str:
-    """One stamped run of the fused kernel at ``T:docs[:ln]``: the mean µs of each interval
-    between partition G's stamps and the mean chunk period."""
+def _stamps(shape: str, p: dict | None = None) -> str:
+    """One stamped run of the fused kernel at ``T:docs[:ln]`` (on problem ``p`` if given):
+    the mean µs of each interval between partition G's stamps and the mean chunk period."""
     parts = shape.split(":")
-    p = _problem(int(parts[0]), int(parts[1]), "ln" in parts[2:], _group(parts))
+    if p is None:
+        p = _problem(int(parts[0]), int(parts[1]), "ln" in parts[2:], _group(parts))
     programs = p["index"].num_docs * H * p["group"]
     buf = torch.zeros(programs * 512, dtype=torch.int64, device="cuda")
     _arms(p)["fused"](stamps=buf)
@@ -131,6 +133,54 @@ def _stamps(shape: str) -> str:
             + f" | period {period:.2f}")
 
 
+def _variants(shape: str) -> list[str]:
+    """Register-budget sensitivity at ``T:docs`` (group 1): the one-tile chunk-gradient
+    kernel alone at its own budget (no cap: 244 registers) and capped at 200 and 168 (the
+    fused kernel's G), and the fused kernel with S at 152 / 168 / 184 registers (G at
+    176 / 168 / 160), each with its per-phase stamps. Loads or registers: which binds G."""
+    import triton
+    from gdn_core.ops.gluon import chunk_grads as gc
+    from gdn_core.ops.gluon import fused_bwd as fb
+    from gdn_core.ops.gluon.fused_state_bwd import fused_state_bwd_gluon
+
+    parts = shape.split(":")
+    p = _problem(int(parts[0]), int(parts[1]), False)
+    q, k, v, v_new, h, W, do, G, beta, A, dht = (p[n] for n in (
+        "q", "k", "v", "v_new", "h", "W", "do", "G", "beta", "A_inv", "dht"))
+    scale, index, g_dtype = p["scale"], p["index"], p["g_dtype"]
+    dh, dvp, _ = fused_state_bwd_gluon(q, k, W, G, do, dht, scale, index, 1)
+    dq, dk = torch.empty_like(q), torch.empty_like(k)
+    outs, (descs, G32, beta_c) = gc.prepare_launch(q, k, v, v_new, h, dh, do, dvp, G, beta, A,
+                                                   index, 1, g_dtype, dq, dk, None, None, None)
+    lines = []
+    want = None
+    for cap in (None, 200, 168):
+        def grads(cap=cap):
+            gc._chunk_grads_bwd_gluon_kernel[(index.num_chunks, H)](
+                *descs.values(), G32, beta_c, *outs, index.chunk_start, index.chunk_len,
+                float(scale), H, outs[0], outs[1], 0, 0, GROUP=1, K=D, V=D, BT=64,
+                SUM_GROUP=False, num_warps=8, **({} if cap is None else {"maxnreg": cap}))
+            return [x.clone() for x in outs]
+        got = grads()
+        want = got if want is None else want
+        same = all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+        ms = triton.testing.do_bench(grads, warmup=5, rep=50)
+        lines.append(f"{shape} chunk grads alone, maxnreg {cap or 'none'}: {ms:.4f} ms "
+                     f"(bits as uncapped: {'yes' if same else 'no'})")
+    default = fb.GLUON_FUSED_BWD_S_REGS
+    try:
+        for s_regs in (152, 168, 184):
+            fb.GLUON_FUSED_BWD_S_REGS = s_regs
+            fused = _arms(p)["fused"]
+            fused()
+            ms = triton.testing.do_bench(fused, warmup=5, rep=50)
+            lines.append(f"{shape} fused, S/G registers {s_regs}/{(504 - s_regs) // 16 * 8}: "
+                         f"{ms:.4f} ms; " + _stamps(shape, p))
+    finally:
+        fb.GLUON_FUSED_BWD_S_REGS = default
+    return lines
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-30)).item()
 
@@ -140,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shapes", default="32768:8,65536:16,32768:8:g2,32768:8:ln,8192:2",
                         help="T:docs[:ln] list")
     parser.add_argument("--stamps", default="", help="T:docs[:ln]: the per-phase breakdown")
+    parser.add_argument("--variants", default="", help="T:docs: the register-budget runs")
     args = parser.parse_args(argv)
     common.import_workspace_module("gdn_core")
     from gdn_core.ops.gluon import available
@@ -152,7 +203,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"triton {triton.__version__}, {torch.cuda.get_device_name()}, B1 H{H} K=V={D} bf16, "
           "dht fp32")
-    for shape in args.shapes.split(","):
+    for line in (_variants(args.variants) if args.variants else []):
+        print(line, flush=True)
+    for shape in filter(None, args.shapes.split(",")):
         parts = shape.split(":")
         T, docs, ln, group = int(parts[0]), int(parts[1]), "ln" in parts[2:], _group(parts)
         arms = _arms(_problem(T, docs, ln, group))
