@@ -507,14 +507,23 @@ def backward_from_recompute(
     fused_all = pick_fused_bwd(q, v, A_inv, index, rec, do, workspace=workspace, out=out,
                                dv_local=dv_local)
     if fused_all is not None:  # the reverse chain and every chunk gradient in one launch
+        # results over the recomputed inputs where they are this call's own (the kernel's
+        # docstring says why that is safe): dv over W, dq over v_new
+        alias = switch_setting(BWD_ALIAS_ENV) is not False
+        dq_spec = (T, H, K), dqk_dtype or q.dtype
+        over_vn = (alias and donate and group == 1 and _sole_view(rec.v_new)
+                   and tuple(rec.v_new.shape) == dq_spec[0] and rec.v_new.dtype == dq_spec[1])
+        over_w = (alias and _sole_view(rec.W) and tuple(rec.W.shape) == (T, HV, V)
+                  and rec.W.dtype == v.dtype)
         if group == 1:
-            dq, dk = (torch.empty(T, H, K, dtype=dqk_dtype or x.dtype, device=x.device)
-                      for x in (q, k))
+            dq = rec.v_new if over_vn else torch.empty(dq_spec[0], dtype=dq_spec[1],
+                                                       device=q.device)
+            dk = torch.empty(T, H, K, dtype=dqk_dtype or k.dtype, device=k.device)
         else:  # fp32 per-value-head partials, summed below in the summed kernel's order
             dq = dk = None
         dq, dk, dv, dbeta, dg, dh0 = fused_all(
             q, k, v, rec.v_new, rec.h, rec.W, do, G, beta, A_inv, dht, scale, index, g_dtype,
-            dq=dq, dk=dk, dh0=dh0)
+            dq=dq, dk=dk, dv=rec.W if over_w else None, dh0=dh0)
         rec.W = rec.h = rec.v_new = None
         if group > 1:
             dq = group_reduce(dq, group, dqk_dtype or q.dtype)

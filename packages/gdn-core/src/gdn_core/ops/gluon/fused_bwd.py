@@ -503,6 +503,7 @@ def fused_bwd_gluon(
     *,
     dq: torch.Tensor | None = None,
     dk: torch.Tensor | None = None,
+    dv: torch.Tensor | None = None,
     dh0: torch.Tensor | None = None,
     stamps: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
@@ -517,7 +518,16 @@ def fused_bwd_gluon(
     head per q/k head ``[T,H,128]`` in any float dtype (fp32 for the L2-norm backward;
     default q's dtype), else the per-value-head partials ``[T,HV,128]`` (default fp32) that
     :func:`~gdn_core.ops.group_reduce.group_reduce` sums in the order of the summed
-    chunk-gradient kernel; ``dh0``: that of ``dh0`` (may be ``dht``).
+    chunk-gradient kernel; ``dv``: that of ``dv`` (``[T,HV,128]`` in v's dtype); ``dh0``:
+    that of ``dh0`` (may be ``dht``).
+
+    Results over inputs (:func:`gdn_core.ops.backward.backward_from_recompute` asks for
+    them where the inputs are its own): ``dv`` may be ``W``'s buffer and, with one value head
+    per q/k head, ``dq`` ``v_new``'s. A CTA stores a chunk's ``dv`` rows in phase A and its
+    ``dq`` rows in phase B, after that chunk's ``W`` and ``v_new`` tiles have landed in shared
+    memory (``W`` is loaded during the chunk before, ``v_new`` before phase A), and no other
+    CTA reads those rows but through a short chunk's tile past its document's end, whose
+    rows are zeroed before any product: the kernel's results do not depend on the order.
     ``stamps``: a probe's int64 buffer of ``8 · 64`` per program (``HV × N``): partition
     G's timer at eight points of each of a program's first 64 chunks
     (``benchmarks/gluon_fused_bwd_probe.py --stamps`` reads them).
@@ -529,7 +539,7 @@ def fused_bwd_gluon(
 
     Raises:
         ValueError: shapes that do not match, K or V not 128, chunks
-            not of 64, the tiled tensors not of one 16-bit dtype, a ``dq``/``dk``/``dh0``
+            not of 64, the tiled tensors not of one 16-bit dtype, a ``dq``/``dk``/``dv``/``dh0``
             buffer of another shape (or not contiguous), or more rows than TMA's int32
             coordinates address.
         RuntimeError: Gluon not importable, or the tensors not on a CUDA sm_90 device.
@@ -580,7 +590,7 @@ def fused_bwd_gluon(
                          f"{dh0.dtype} {tuple(dh0.shape)}")
     require_sm90(q.device, "the Gluon fused backward")
     dq, dk = outs
-    dv, dbeta, dg = grad_outputs(T, HV, V, v, beta, g_dtype, None, None, None)
+    dv, dbeta, dg = grad_outputs(T, HV, V, v, beta, g_dtype, dv, None, None)
     if dh0 is None:
         dh0 = torch.empty(N, HV, K, V, dtype=torch.float32, device=q.device)
     if N == 0 or HV == 0 or T == 0:
