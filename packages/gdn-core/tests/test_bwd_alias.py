@@ -150,8 +150,9 @@ def test_triton_pair_aliases_nothing_and_the_switch_keeps_bits(monkeypatch, grou
 def test_segment_path_hands_over_its_buffers(monkeypatch):
     """The autograd path (``segment_bwd_finish``) donates v_new and dV' without a workspace,
     and with one (its dV' is the workspace's) asks for no alias."""
-    from gdn_det_train import DetWorkspace, chunk_gdn_det_bwd, chunk_gdn_det_fwd
+    from gdn_core.testkit import det_split_api
 
+    chunk_gdn_det_fwd, chunk_gdn_det_bwd, DetWorkspace = det_split_api()
     calls = _spy(monkeypatch)
     gen = torch.Generator().manual_seed(5)
     Tn, K = 75, 16

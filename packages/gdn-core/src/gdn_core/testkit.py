@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import subprocess
 import sys
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
@@ -28,6 +30,7 @@ from gdn_core.reference import naive_recurrent_gdn
 __all__ = [
     "GRAD_NAMES",
     "LaunchAudit",
+    "det_split_api",
     "LiveBytes",
     "assert_close",
     "assert_equal",
@@ -587,3 +590,20 @@ def audit_fwd_bwd(fn, lengths, segment_size: int | None, *, h0: bool, final: boo
     finally:
         segment.fused_fwd_wanted, fold.resolve_fold_impl = fused, resolve
     return audit
+
+
+@functools.cache
+def det_split_api() -> tuple[Callable, Callable, type]:
+    """A deterministic split API of gdn_core's own — the training packages' front end
+    (:class:`gdn_core.frontend.SingleRankAPI`) in the test namespace
+    ``torch.ops.gdn_core_testkit`` — as ``(fwd, bwd, workspace class)``, so that gdn-core's
+    suite needs no training package. Made once a process (its custom ops are registered)."""
+    from gdn_core.frontend import SingleRankAPI
+    from gdn_core.package_types import single_rank_types
+
+    saved, workspace, grads = single_rank_types("gdn_core_testkit", deterministic=True)
+    api = SingleRankAPI("gdn_core_testkit", deterministic=True, saved_cls=saved,
+                        workspace_cls=workspace, grads_cls=grads)
+    fwd = api.split_fwd("fwd", autograd="chunk_gdn_autograd", bwd="bwd")
+    bwd = api.split_bwd("bwd", fwd="fwd", other="none")
+    return fwd, bwd, workspace
