@@ -75,11 +75,21 @@ step4() {
   gzip -f "$LOG/source.csv"; rm -f "$LOG/fb.ncu-rep"
 }
 
+# calls 5 and 6, back to back (the machine keeps /tmp only while warm):
+#   carry [".whl-base"]:          bash tools/h200_s25_validate.sh 5
+#   carry [".whl", ".whl-fla"]:   CALL_LIMIT=585 HOST_TIMEOUT=150 bash tools/h200_s25_validate.sh 6
+# issue 19's table (det against FlashQLA at the six shapes in one run) and the host time at
+# B1 T1024 against fla (issue 18)
+step5() { install_base; }
+step6() { anchors_step; }
+
 case "${1:-}" in
   1) step1 ;;
+  5) step5 ;;
+  6) step6 ;;
   4) step4 ;;
   2) step2 ;;
   3) step3 ;;
-  *) echo "usage: bash tools/h200_s25_validate.sh 1|2|3|4"; exit 2 ;;
+  *) echo "usage: bash tools/h200_s25_validate.sh 1|2|3|4|5|6"; exit 2 ;;
 esac
 pack "$1"
