@@ -9,8 +9,8 @@ state forward, ``dht`` fp32, times with ``triton.testing.do_bench`` (ms, median)
 * ``pair``: ``fused_state_bwd_gluon`` (``store=True``: ``dh``, ``dV'``, ``dh0``) then
   ``chunk_grads_bwd_gluon`` (``dq``, ``dk`` in bf16, ``dv``, ``dβ``, ``dg``): the default
   path's last phase;
-* ``fused``: ``fused_bwd_gluon`` on the same inputs (the two-role kernel: G and S);
-  ``fused3``: its three-role kernel (roles Q and K of one warpgroup each, and S).
+* ``fused``: ``fused_bwd_gluon`` on the same inputs; ``fused+L2``: with
+  ``GLUON_FUSED_BWD_PREFETCH`` (the next chunk's Q and K hinted into L2).
 
 and prints the ratio, whether the six results are bitwise equal (with the largest relative
 difference of each that is not) and whether the fused call is repeatable. A shape is
@@ -89,21 +89,20 @@ def _arms(p: dict) -> dict:
             dk=dk)
         return dq, dk, dv, dbeta, dg, dh0
 
-    def fused(prefetch: bool = False, stamps=None, roles: int = 2):
+    def fused(prefetch: bool = False, stamps=None):
         from gdn_core.ops.gluon import fused_bwd as fb
 
-        fb.GLUON_FUSED_BWD_PREFETCH, fb.GLUON_FUSED_BWD_ROLES = prefetch, roles
+        fb.GLUON_FUSED_BWD_PREFETCH = prefetch
         try:
             dq, dk, *rest = fused_bwd_gluon(q, k, v, v_new, h, W, do, G, beta, A, dht, scale,
                                             index, g_dtype, stamps=stamps)
         finally:
-            fb.GLUON_FUSED_BWD_PREFETCH, fb.GLUON_FUSED_BWD_ROLES = False, 2
+            fb.GLUON_FUSED_BWD_PREFETCH = False
         if group > 1:  # the per-value-head partials summed as the summed kernel does
             dq, dk = group_reduce(dq, group, q.dtype), group_reduce(dk, group, k.dtype)
         return dq, dk, *rest
 
-    return {"pair": pair, "fused": fused, "fused3": lambda stamps=None: fused(stamps=stamps,
-                                                                              roles=3)}
+    return {"pair": pair, "fused": fused, "fused+L2": lambda: fused(True)}
 
 
 def _group(parts: list[str]) -> int:
@@ -111,33 +110,26 @@ def _group(parts: list[str]) -> int:
     return next((int(x[1:]) for x in parts[2:] if x.startswith("g")), 1)
 
 
-#: whether ``--variants`` also times the two-role kernel's S/G splits (session 25: G's
-#: phases are not the register cap's: 168/168 is the fastest of the three)
-ROLES2_VARIANTS = False
 STAGES = ("wait Q/K, dS16", "X, dv_local", "phase A", "phase B", "phase C", "phase D",
           "dg/dbeta")
-#: role K's intervals in the three-role kernel
-STAGES3 = ("wait dS16, dv_local", "dU", "dv, dW, dT", "wait E'", "dK", "loads", "-")
 
 
-def _stamps(shape: str, p: dict | None = None, arm: str = "fused") -> str:
-    """One stamped run of the fused kernel (``arm`` ``fused``: partition G's stamps;
-    ``fused3``: role K's) at ``T:docs[:ln]`` (on problem ``p`` if given): the mean µs of
-    each interval between the stamps and the mean chunk period."""
+def _stamps(shape: str, p: dict | None = None) -> str:
+    """One stamped run of the fused kernel at ``T:docs[:ln]`` (on problem ``p`` if given):
+    the mean µs of each interval between partition G's stamps and the mean chunk period."""
     parts = shape.split(":")
     if p is None:
         p = _problem(int(parts[0]), int(parts[1]), "ln" in parts[2:], _group(parts))
     programs = p["index"].num_docs * H * p["group"]
     buf = torch.zeros(programs * 512, dtype=torch.int64, device="cuda")
-    _arms(p)[arm](stamps=buf)
+    _arms(p)["fused"](stamps=buf)
     torch.cuda.synchronize()
     n = min(64, p["index"].num_chunks // p["index"].num_docs)
     t = buf.view(programs, 64, 8)[:, :n].double()
     seg = (t[:, 1:, 1:] - t[:, 1:, :-1]) / 1e3  # chunks 1.. (the first has its loads alone)
     period = (t[:, 2:, 0] - t[:, 1:-1, 0]).mean().item() / 1e3
-    names = STAGES3 if arm == "fused3" else STAGES
-    return (f"{shape} {arm} stamps (µs a chunk, {'K' if arm == 'fused3' else 'G'}): "
-            + " | ".join(f"{name} {v:.2f}" for name, v in zip(names, seg.mean((0, 1)).tolist()))
+    return (f"{shape} stamps (µs a chunk, G): "
+            + " | ".join(f"{name} {v:.2f}" for name, v in zip(STAGES, seg.mean((0, 1)).tolist()))
             + f" | period {period:.2f}")
 
 
@@ -175,19 +167,6 @@ def _variants(shape: str) -> list[str]:
         ms = triton.testing.do_bench(grads, warmup=5, rep=50)
         lines.append(f"{shape} chunk grads alone, maxnreg {cap or 'none'}: {ms:.4f} ms "
                      f"(bits as uncapped: {'yes' if same else 'no'})")
-    default3 = fb.GLUON_FUSED_BWD_ROLE_REGS
-    try:
-        for regs in ((184, 160), (184, 168), (176, 176), (192, 160)):
-            fb.GLUON_FUSED_BWD_ROLE_REGS = regs
-            fused3 = _arms(p)["fused3"]
-            fused3()
-            ms = triton.testing.do_bench(fused3, warmup=5, rep=50)
-            lines.append(f"{shape} three roles, K/S/Q registers {regs[0]}/{regs[1]}/"
-                         f"{504 - sum(regs)}: {ms:.4f} ms; " + _stamps(shape, p, "fused3"))
-    finally:
-        fb.GLUON_FUSED_BWD_ROLE_REGS = default3
-    if not ROLES2_VARIANTS:
-        return lines
     default = fb.GLUON_FUSED_BWD_S_REGS
     try:
         for s_regs in (152, 168, 184):
@@ -237,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         same = all(torch.equal(a, b) for a, b in zip(outs["fused"], again, strict=True))
         line = [f"T{T} D{docs}{' lognormal' if ln else ''} HV{H * group}: "
                 + " | ".join(f"{n} {t:.4f} ms" for n, t in ms.items())]
-        for arm in ("fused", "fused3"):
+        for arm in ("fused", "fused+L2"):
             diff = [f"{n} {_rel(a, b):.2e}" for n, a, b in
                     zip(NAMES, outs[arm], outs["pair"], strict=True) if not torch.equal(a, b)]
             line.append(f"{arm}/pair {ms[arm] / ms['pair']:.3f} bits-equal "
@@ -246,7 +225,6 @@ def main(argv: list[str] | None = None) -> int:
         print(" | ".join(line), flush=True)
     if args.stamps:
         print(_stamps(args.stamps), flush=True)
-        print(_stamps(args.stamps, arm="fused3"), flush=True)
     return 0
 
 

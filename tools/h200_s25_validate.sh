@@ -41,7 +41,8 @@ step2() {
   echo "probe exit $?"; cat "$LOG/probe.txt"
 }
 
-# call 3: the three-role fused backward (roles Q and K of one warpgroup each beside S): a
+# call 3 (ran at 131ebef; the kernel was removed after it, see docs/fused_backward.md): the
+# three-role fused backward (roles Q and K of one warpgroup each beside S): a
 # smoke run of the probe (bits against the pair; a hang times out here), the GPU tests with
 # both kernels, the register variants with role K's stamps, det fwd+bwd with it
 step3() {

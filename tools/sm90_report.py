@@ -673,43 +673,6 @@ def fused_bwd_reports() -> None:
                                     PREFETCH=prefetch, STAMPS=stamps),
                                num_warps=8, maxnreg=fb._MAXNREG)
             print_specialised(out["ptx"])
-    fused_bwd_roles_reports(args)
-
-
-def fused_bwd_roles_reports(args: dict | None = None) -> None:
-    """The three-role fused backward (roles Q and K of one warpgroup each, and S), at the
-    worker registers of ``GLUON_FUSED_BWD_ROLE_REGS`` (``FUSED_BWD_ROLE_REGS=K,S``
-    overrides), with and without stamps."""
-    import os
-
-    import torch
-    from gdn_core.ops.gluon import fused_bwd as fb
-
-    if args is None:
-        T, NT, N, H, K = 1024, 16, 2, 16, 128
-        bf = torch.bfloat16
-        x = torch.zeros(T, H, K, dtype=bf)
-        h = torch.zeros(NT, H, K, K, dtype=bf)
-        a = torch.zeros(T, H, 64, dtype=bf)
-        i32 = torch.zeros(N + 1, dtype=torch.int32)
-        st = torch.zeros(N, H, K, K)
-        args = dict(fb._descriptors(x, x, x, x, x, x, h, a), G=torch.zeros(T, H),
-                    beta=torch.zeros(T, H, dtype=bf), dht=st, dq=x, dk=x, dv=x,
-                    dbeta=torch.zeros(T, H, dtype=bf), dg=torch.zeros(T, H), dh0=st,
-                    doc_offsets=i32, doc_chunk_offsets=i32, doc_order=i32, scale=0.5, HV=H,
-                    q2d=x, k2d=x, q_stride=H * K, k_stride=H * K,
-                    stamps=torch.zeros(8, dtype=torch.int64))
-    regs = os.environ.get("FUSED_BWD_ROLE_REGS")
-    k_regs, s_regs = (tuple(int(r) for r in regs.split(",")) if regs
-                      else fb.GLUON_FUSED_BWD_ROLE_REGS)
-    for stamps in (False, True):
-        q_regs = 3 * fb._MAXNREG - k_regs - s_regs
-        print(f"three roles, K/S registers {k_regs}/{s_regs} (Q {q_regs}), stamps={stamps}")
-        out = report_gluon(fb._fused_bwd_roles_kernel, args,
-                           dict(GROUP=1, K=128, V=128, BT=64, USE_DHT=True, K_REGS=k_regs,
-                                S_REGS=s_regs, ORDERED=False, STAMPS=stamps),
-                           num_warps=4, maxnreg=fb._MAXNREG)
-        print_specialised(out["ptx"])
 
 
 def conv_reports() -> None:
@@ -794,7 +757,6 @@ if __name__ == "__main__":
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
              "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
              "fused_bwd": fused_bwd_reports,
-             "fused_bwd_roles": fused_bwd_roles_reports,
              "l2norm": l2norm_reports,
              "wy_inv": wy_inv_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:

@@ -11,8 +11,7 @@ gradient, one and two value heads per q/k head (the latter through fp32 per-valu
 ``dq``/``dk`` and ``group_reduce``, against the summed chunk-gradient kernel); the fused
 kernel launched and the two kernels it replaces not. Also: within
 tolerance of the fp32 reference, repeatable, documents longest first or in order give the
-same bits, and a NaN in one document stays there. Every test runs with each of the fused
-backward's two kernels (``GDN_CORE_FUSED_BWD_ROLES`` 2 and 3).
+same bits, and a NaN in one document stays there.
 """
 
 from __future__ import annotations
@@ -25,15 +24,6 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
 BASE = "grads,wy,fused_fwd,fused_state"
-
-
-@pytest.fixture(autouse=True, params=["2", "3"], ids=["roles2", "roles3"])
-def fused_bwd_roles(request, monkeypatch):
-    """The fused backward's kernel: partition G + S, or roles Q and K + S."""
-    from gdn_core.switches import FUSED_BWD_ROLES_ENV
-
-    monkeypatch.setenv(FUSED_BWD_ROLES_ENV, request.param)
-    return request.param
 LENGTHS = [1, 63, 64, 0, 65, 200, 777, 130]
 TOL = {torch.float16: 5e-3, torch.bfloat16: 1e-2}
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["BWD_ALIAS_ENV", "DOC_ORDER_ENV", "FUSED_BWD_ROLES_CHOICES", "FUSED_BWD_ROLES_ENV",
-           "FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV", "switch_choice", "switch_setting"]
+__all__ = ["BWD_ALIAS_ENV", "DOC_ORDER_ENV", "FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV",
+           "switch_choice", "switch_setting"]
 
 #: the forward's last phase (state recurrence and output) as one kernel (default: on where
 #: measured, :func:`gdn_core.segment.fused_fwd_wanted`)
@@ -39,13 +39,6 @@ DOC_ORDER_ENV = "GDN_CORE_DOC_ORDER"
 #: ``reg`` (the whole inverse in registers by block merges; other bits)
 WY_INV_ENV = "GDN_CORE_WY_INV"
 WY_INV_CHOICES = ("subst", "reg")
-
-#: which kernel the fused backward (stage ``fused_bwd``, :mod:`gdn_core.ops.gluon.fused_bwd`)
-#: launches: ``2`` (partition G of two warpgroups beside the chain partition S) or ``3``
-#: (roles Q and K of one warpgroup each beside S, running different products at once);
-#: unset: ``GLUON_FUSED_BWD_ROLES`` of that module. The same bits either way
-FUSED_BWD_ROLES_ENV = "GDN_CORE_FUSED_BWD_ROLES"
-FUSED_BWD_ROLES_CHOICES = ("2", "3")
 
 
 def switch_setting(name: str) -> bool | None:

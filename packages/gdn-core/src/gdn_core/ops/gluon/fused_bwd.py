@@ -74,7 +74,6 @@ from gdn_core.chunking import ChunkIndex, ordered_docs
 from gdn_core.ops.chunk_grads_bwd import grad_outputs
 from gdn_core.ops.gluon.chunk_grads import (
     _chunk_vectors,
-    _crossing_sums,
     _phase_a_scores,
     _phase_a_values,
     _phase_b_dq,
@@ -103,15 +102,13 @@ from gdn_core.ops.gluon.lang import (
 from gdn_core.ops.gluon.tma import descriptor, rows_view
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
-from gdn_core.switches import FUSED_BWD_ROLES_CHOICES, FUSED_BWD_ROLES_ENV, switch_choice
 
 try:
     from triton.language import range as _loop  # tl.range: for its disable_licm
 except ImportError:  # pragma: no cover - every Triton with Gluon has it
     _loop = range
 
-__all__ = ["GLUON_FUSED_BWD_PREFETCH", "GLUON_FUSED_BWD_ROLES", "GLUON_FUSED_BWD_ROLE_REGS",
-           "GLUON_FUSED_BWD_S_REGS", "fused_bwd_gluon",
+__all__ = ["GLUON_FUSED_BWD_PREFETCH", "GLUON_FUSED_BWD_S_REGS", "fused_bwd_gluon",
            "gluon_fused_bwd_supported"]
 
 #: Whether partition G hints the next chunk's Q and K rows into L2 at each chunk's start
@@ -120,13 +117,6 @@ GLUON_FUSED_BWD_PREFETCH = False
 #: Registers a thread of the chain partition S (4 warps); G (8 warps) gets what is left of
 #: 168 a thread over the 12 warps: ``(3·168 − S) / 2`` = 168 at 168.
 GLUON_FUSED_BWD_S_REGS = 168
-#: Which kernel the launcher runs where ``GDN_CORE_FUSED_BWD_ROLES`` is unset: 2 (G of 8
-#: warps + S) or 3 (roles Q and K of one warpgroup each + S: :func:`_fused_bwd_roles_kernel`);
-#: read at each call, the same bits either way.
-GLUON_FUSED_BWD_ROLES = 2
-#: Registers a thread of the three-role kernel's workers (role K, S); role Q (the default
-#: partition) gets ``3·168 − K − S``.
-GLUON_FUSED_BWD_ROLE_REGS = (184, 160)
 _MAXNREG = 168
 _BT, _K, _V = 64, 128, 128
 
@@ -349,12 +339,10 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
 
 @gluon.jit
 def _chain_partition(w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s,
-                     ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready, du_free,
+                     ld_s, du_ready, dos_ready, q_free, ds_free, ds_ready,
                      G, dht, dh0, doc_offsets, i_n, i_hv, HV, tw, tv, K: gl.constexpr,
-                     V: gl.constexpr, BT: gl.constexpr, USE_DHT: gl.constexpr,
-                     DU_FREE: gl.constexpr = False):
-    """S (4 warps): ``N = −dSᵀ`` through the document's chunks, last first. ``DU_FREE``
-    (the three-role kernel): arrive on ``du_free`` once its ``dUᵀ W`` has read ``dU``."""
+                     V: gl.constexpr, BT: gl.constexpr, USE_DHT: gl.constexpr):
+    """S (4 warps): ``N = −dSᵀ`` through the document's chunks, last first."""
     dtype: gl.constexpr = q_s.dtype
     LS: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
@@ -402,8 +390,6 @@ def _chain_partition(w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s,
         mbarrier.arrive(q_free, count=1)
         nds = warpgroup_mma_wait(0, deps=[nds, du_s, w_s])[0]
         gl.thread_barrier()
-        if DU_FREE:
-            mbarrier.arrive(du_free, count=1)
         if it + 1 < n_chunks:
             _issue_s_loads(w_desc, do_desc, ld_s, w_s, do_s, t0 - BT, tw, tv)
     # dh0 = dS_0 (offsets through an opaque zero, as the state kernels do)
@@ -464,352 +450,12 @@ def _fused_bwd_gluon_kernel(
                             doc_chunk_offsets, i_n, i_hv, HV, tk, tv, scale, q2d, k2d,
                             q_stride, k_stride, stamps, K, V, BT, PREFETCH, STAMPS)),
         (_chain_partition, (w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s, ld_s, du_ready,
-                            dos_ready, q_free, ds_free, ds_ready, ds_ready, G, dht, dh0,
-                            doc_offsets, i_n, i_hv, HV, tw, tv, K, V, BT, USE_DHT)),
+                            dos_ready, q_free, ds_free, ds_ready, G, dht, dh0, doc_offsets,
+                            i_n, i_hv, HV, tw, tv, K, V, BT, USE_DHT)),
     ], [4], [S_REGS])
 
 
-# ---- the three-role kernel (``GLUON_FUSED_BWD_ROLES = 3``): G's work split between two
-# one-warpgroup roles that run different products at once (FlashQLA's shape), S as above.
-
-
-@gluon.jit
-def _dvl_into_du(k_s, q_s, do_s, ds_s, du_s, du_free, wait_free, ph_free, rows, cols, g_r,
-                 g_c, n, scale, z64, z128, BT: gl.constexpr, L128: gl.constexpr):
-    """``round(Pᵀ dO)`` (rows ``≥ n`` zero) into ``du_s``, with ``Pᵀ = round(scale · K Qᵀ ⊙
-    exp(G_i − G_j) ⊙ [i ≥ j, i < n])`` passed through ``ds_s``: today's ``dv_local``, which
-    role K then adds to ``K·dS16 ⊙ kd`` (:func:`_dvl_and_du`'s products and roundings). Waits
-    on ``du_free`` (S has read the last ``dU``) when ``wait_free``; ends with a fence and a
-    partition barrier."""
-    pt = warpgroup_mma(k_s, q_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    pt = warpgroup_mma_wait(0, deps=[pt, k_s, q_s])[0]
-    causal = (cols[None, :] >= rows[:, None]) & (cols[None, :] < n)
-    decay = gl.exp(gl.where(causal, g_c[None, :] - g_r[:, None], 0.0))
-    p = gl.where(causal, pt * decay * scale, 0.0)
-    ds_s.store(p.to(ds_s.dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    dvl = warpgroup_mma(ds_s, do_s, z128, use_acc=False, is_async=True)
-    dvl = warpgroup_mma_wait(0, deps=[dvl, ds_s, do_s])[0]
-    r128 = gl.arange(0, BT, layout=gl.SliceLayout(1, L128))
-    dvl = gl.where((r128 < n)[:, None], dvl, 0.0).to(du_s.dtype)
-    mbarrier.wait(du_free, ph_free, pred=wait_free)
-    du_s.store(dvl)
-    fence_async_shared()
-    gl.thread_barrier()
-
-
-@gluon.jit
-def _dq_rows(do_s, h_s, q_s, k_s, ds_s, z128, dq, p_o, o_stride, gam_r128, n, scale,
-             BT: gl.constexpr, K: gl.constexpr, L128: gl.constexpr):
-    """``dQ = Γ scale dO Sᵀ + ds K`` stored (``q·dQ_state`` returned): :func:`_phase_b_dq`'s
-    ``dQ`` half, the same products and accumulation."""
-    dqs = warpgroup_mma(do_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-    dqs = warpgroup_mma_wait(0, deps=[dqs, do_s, h_s])[0]
-    dqs = dqs * (gam_r128 * scale)[:, None]
-    dgq = gl.sum(q_s.load(L128).to(gl.float32) * dqs, axis=1)  # q·dQ_state
-    fence_async_shared()
-    gl.thread_barrier()  # ds_s written by every warp of the role
-    dqa = warpgroup_mma(ds_s, k_s, dqs, is_async=True)
-    dqa = warpgroup_mma_wait(0, deps=[dqa, ds_s, k_s])[0]
-    _store_rows(dq + p_o, dqa, n, o_stride, BT, K, L128)
-    return dgq
-
-
-@gluon.jit
-def _phase_c_from_dt(dt_s, a_s, k_s, eb_s, e_ready, z64, rows, cols, g_r, g_c, b_r, n,
-                     BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr):
-    """:func:`_phase_c` (``E_OVER_DT``) on the ``dT`` role K left in ``dt_s``: ``E'`` over it
-    and ``diag(β) E'`` into ``eb_s``, then ``e_ready`` arrived, then the crossing sums of
-    ``Mw`` (returned)."""
-    dtype: gl.constexpr = dt_s.dtype
-    xx = warpgroup_mma(dt_s, a_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    kk = warpgroup_mma(k_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    xx = warpgroup_mma_wait(1, deps=[xx, dt_s, a_s])[0]
-    gl.thread_barrier()  # every warp's reads of dT are done: its tile takes dT Tᵀ
-    dt_s.store(xx.to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    da = warpgroup_mma(a_s.permute((1, 0)), dt_s, z64, use_acc=False, is_async=True)
-    kk = warpgroup_mma_wait(1, deps=[kk, k_s])[0]
-    da = warpgroup_mma_wait(0, deps=[da, a_s, dt_s])[0]
-    gl.thread_barrier()  # every warp's reads of dT Tᵀ are done: its tile takes E'
-    m_low1 = (rows[:, None] > cols[None, :]) & (rows[:, None] < n)
-    e = gl.where(m_low1, -da * gl.exp(gl.where(m_low1, g_r[:, None] - g_c[None, :], 0.0)), 0.0)
-    dt_s.store(e.to(dtype))
-    eb_s.store((e * b_r[:, None]).to(dtype))
-    fence_async_shared()
-    gl.thread_barrier()
-    mbarrier.arrive(e_ready, count=1)
-    return _crossing_sums(e * b_r[:, None] * kk, BT, SCAN, R64)  # Mw = E' ⊙ diag(β) K Kᵀ
-
-
-@gluon.jit
-def _dk_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128: gl.constexpr):
-    """:func:`_phase_d_c` with K's rows read from shared memory where used, not held (role
-    K's 128 threads hold whole 64×128 tiles): ``acc = Γ ⊙ Tᵀ dW`` (``k·acc`` returned),
-    ``+= E' K``; ``acc`` and ``dks`` waited."""
-    acc = acc * gam_r128[:, None]
-    wr = gl.sum(acc * k_s.load(L128).to(gl.float32), axis=1)  # k·Γ(Tᵀ dW)
-    acc = warpgroup_mma(e_s, k_s, acc, is_async=True)  # C
-    acc, dks, _, _, _, _ = warpgroup_mma_wait(0, deps=[acc, dks, e_s, k_s, vn_s, dh_s])
-    return acc, dks, wr
-
-
-@gluon.jit
-def _dk_finish(acc, dks, eb_s, ds_s, k_s, q_s, b_r128, kd128, L128: gl.constexpr):
-    """:func:`_phase_d_dk`, K's rows read where used: ``k·C``; ``acc = β ⊙ C + (diag(β)
-    E')ᵀ K``; ``dK_state = kd ⊙ dks`` (``k·dK_state``); ``dK = acc + dK_state + dsᵀ Q``."""
-    db_c = gl.sum(acc * k_s.load(L128).to(gl.float32), axis=1)  # k·C
-    acc = warpgroup_mma(eb_s.permute((1, 0)), k_s, acc * b_r128[:, None], is_async=True)
-    dks = dks * kd128[:, None]
-    kds = gl.sum(k_s.load(L128).to(gl.float32) * dks, axis=1)  # k·dK_state
-    acc = warpgroup_mma_wait(0, deps=[acc, eb_s, k_s])[0]
-    acc = warpgroup_mma(ds_s.permute((1, 0)), q_s, acc + dks, is_async=True)
-    acc = warpgroup_mma_wait(0, deps=[acc, ds_s, q_s])[0]
-    return acc, db_c, kds
-
-
-@gluon.jit
-def _dq_partition(q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s, vec_s,
-                  ld_qk, ld_vva, ld_h, ld_s, dos_ready, ds_free, ds_ready, dvl_ready, dt_ready,
-                  e_ready, kv_ready, du_free, G, beta, dq, dbeta, dg, doc_offsets, i_n, i_hv,
-                  HV, scale, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr):
-    """Role Q (default, one warpgroup), per chunk: a short chunk's zeroing, ``dv_local`` into
-    ``du_s``; ``ds`` and the crossing sums of ``Mo``; ``dQ`` stored; ``−dos`` for S;
-    ``⟨S, dS⟩``; phase C on role K's ``dT`` (``E'``, ``diag(β) E'`` back to K, ``Mw``'s
-    crossing sums); ``dg`` and ``dβ`` from its sums and role K's."""
-    gl.static_assert(gl.num_warps() == 4)
-    L64: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-    L128: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V, 16])
-    R64: gl.constexpr = gl.SliceLayout(1, L64)
-    C64: gl.constexpr = gl.SliceLayout(0, L64)
-    R128: gl.constexpr = gl.SliceLayout(1, L128)
-    IO: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
-    SCAN: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 2], threads_per_warp=[1, 32], warps_per_cta=[4, 1], order=[1, 0])
-    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
-    rows = gl.arange(0, BT, layout=R64)
-    cols = gl.arange(0, BT, layout=C64)
-    for it in _loop(0, n_chunks, disable_licm=True):
-        ph = it & 1
-        t0 = bos + (n_chunks - 1 - it) * BT
-        n = gl.minimum(eos - t0, BT)
-        p_s = t0.to(gl.int64) * HV + i_hv
-        g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
-            G, beta, p_s, n, HV, rows, cols, R128)
-        mbarrier.wait(ld_qk, ph)
-        mbarrier.wait(ld_s, ph)
-        if n < BT:  # the first chunk only
-            mbarrier.wait(ld_vva, ph)
-            _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT, K, V, IO, SCAN)
-        z64 = gl.zeros([BT, BT], gl.float32, L64)
-        z128 = gl.zeros([BT, V], gl.float32, L128)
-        _dvl_into_du(k_s, q_s, do_s, ds_s, du_s, du_free, it > 0, ph ^ 1, rows, cols, g_r,
-                     g_c, n, scale, z64, z128, BT, L128)
-        mbarrier.arrive(dvl_ready, count=1)
-        mbarrier.wait(ld_vva, ph)
-        dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
-                               scale, BT, SCAN, R64)
-        mbarrier.wait(ld_h, ph)
-        dgq = _dq_rows(do_s, h_s, q_s, k_s, ds_s, z128, dq, p_s * K, HV * K, gam_r128, n,
-                       scale, BT, K, L128)
-        _neg_dos(do_s, gam_r, n, scale, IO)
-        mbarrier.arrive(dos_ready, count=1)
-        mbarrier.wait(ds_ready, ph)
-        sds = _state_dot(h_s, dS_s, K, V, IO)
-        gl.thread_barrier()
-        mbarrier.arrive(ds_free, count=1)
-        mbarrier.wait(dt_ready, ph)
-        cs_w = _phase_c_from_dt(dt_s, a_s, k_s, eb_s, e_ready, z64, rows, cols, g_r, g_c,
-                                b_r, n, BT, SCAN, R64)
-        mbarrier.wait(kv_ready, ph)
-        kds = vec_s.slice(0 * BT, BT).load(R64)
-        wr = vec_s.slice(1 * BT, BT).load(R64)
-        db_c = vec_s.slice(2 * BT, BT).load(R64)
-        db_v = vec_s.slice(3 * BT, BT).load(R64)
-        _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, kds, wr,
-                        dgq, db_c, db_v, b_r, R64)
-
-
-@gluon.jit
-def _dk_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
-                  q_s, k_s, v_s, vn_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s, vec_s,
-                  ld_qk, ld_vva, ld_h, du_ready, q_free, ds_free, ds_ready, dvl_ready,
-                  dt_ready, e_ready, kv_ready, G, beta, dk, dv, doc_offsets, doc_chunk_offsets,
-                  i_n, i_hv, HV, tk, tv, stamps, K: gl.constexpr, V: gl.constexpr,
-                  BT: gl.constexpr, STAMPS: gl.constexpr):
-    """Role K (worker, one warpgroup), per chunk: ``dU = round(K·dS16 ⊙ kd + dvl)`` for S;
-    ``dv`` stored; ``dW`` into V's tile; ``dT`` for role Q; phase D (``Tᵀ dW`` and ``V' dSᵀ``
-    while Q forms ``E'``) and ``dK`` stored; its dg/dβ sums to Q; the next chunk's tiles
-    (Q, K, V, V', ``A_inv``, ``h``) loaded once every reader is done. ``STAMPS``: 8 timer
-    stamps a chunk (start | chain inputs | dU | dT | E' | dK | loads | end)."""
-    gl.static_assert(gl.num_warps() == 4)
-    L64: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BT, 16])
-    L128: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, V, 16])
-    R64: gl.constexpr = gl.SliceLayout(1, L64)
-    C64: gl.constexpr = gl.SliceLayout(0, L64)
-    R128: gl.constexpr = gl.SliceLayout(1, L128)
-    IO: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4, 1], order=[1, 0])
-    bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
-    c0 = gl.load(doc_chunk_offsets + i_n)
-    ta = i_hv * BT
-    if n_chunks > 0:
-        t_first = bos + (n_chunks - 1) * BT
-        _issue_qk_loads(q_desc, k_desc, ld_qk, q_s, k_s, t_first, tk)
-        _issue_vva_loads(v_desc, vn_desc, a_desc, ld_vva, v_s, vn_s, a_s, t_first, tv, ta)
-        _issue_h_load(h_desc, ld_h, h_s, ((c0 + n_chunks - 1) * HV + i_hv) * K)
-    rows = gl.arange(0, BT, layout=R64)
-    cols = gl.arange(0, BT, layout=C64)
-    prog = (gl.program_id(1) * gl.num_programs(0) + gl.program_id(0)).to(gl.int64)
-    for it in _loop(0, n_chunks, disable_licm=True):
-        ph = it & 1
-        ic = n_chunks - 1 - it
-        t0 = bos + ic * BT
-        n = gl.minimum(eos - t0, BT)
-        slot = (prog * 64 + gl.minimum(it, 63)) * 8
-        _stamp(stamps, slot, 0, STAMPS)
-        p_s = t0.to(gl.int64) * HV + i_hv
-        g_r, g_c, b_r, b_c, gam_r, gam_c, g_last, gam_r128, b_r128, kd128 = _chunk_vectors(
-            G, beta, p_s, n, HV, rows, cols, R128)
-        z64 = gl.zeros([BT, BT], gl.float32, L64)
-        z128 = gl.zeros([BT, V], gl.float32, L128)
-        mbarrier.wait(ld_qk, ph)
-        mbarrier.wait(ds_ready, ph)
-        mbarrier.wait(dvl_ready, ph)  # also: a short chunk's tiles are zeroed (before X)
-        _stamp(stamps, slot, 1, STAMPS)
-        x = warpgroup_mma(k_s, dS_s, z128, use_acc=False, is_async=True)
-        dvl = du_s.load(L128).to(gl.float32)
-        x = warpgroup_mma_wait(0, deps=[x, k_s, dS_s])[0]
-        gl.thread_barrier()  # every warp has read dvl
-        du_s.store((x * kd128[:, None] + dvl).to(du_s.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(du_ready, count=1)
-        _stamp(stamps, slot, 2, STAMPS)
-        mbarrier.wait(ld_vva, ph)
-        x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V,
-                                   L128)
-        mbarrier.wait(ld_h, ph)
-        dwn = warpgroup_mma(du_s, h_s.permute((1, 0)), z128, use_acc=False, is_async=True)
-        x1 = warpgroup_mma_wait(1, deps=[x1, du_s, v_s])[0]
-        dwn = warpgroup_mma_wait(0, deps=[dwn, du_s, h_s])[0]
-        gl.thread_barrier()  # every warp's reads of V are done (X1, v·dṼ)
-        dw_s = v_s  # V is spent: its tile carries dW (16-bit, as the Triton kernels round it)
-        dw_s.store((-dwn).to(dw_s.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
-        dt_s.store(d_t.to(dt_s.dtype))
-        fence_async_shared()
-        gl.thread_barrier()
-        mbarrier.arrive(dt_ready, count=1)
-        _stamp(stamps, slot, 3, STAMPS)
-        acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
-        acc, dks, _ = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dS_s, z128, K, V, IO, False)
-        mbarrier.wait(e_ready, ph)
-        _stamp(stamps, slot, 4, STAMPS)
-        acc, dks, wr = _dk_c(acc, dks, dt_s, k_s, vn_s, dS_s, gam_r128, L128)
-        gl.thread_barrier()  # every warp's reads of dS16 are done
-        mbarrier.arrive(ds_free, count=1)
-        acc, db_c, kds = _dk_finish(acc, dks, eb_s, ds_s, k_s, q_s, b_r128, kd128, L128)
-        _store_rows(dk + p_s * K, acc, n, HV * K, BT, K, L128)
-        _stamp(stamps, slot, 5, STAMPS)
-        vec_s.slice(0 * BT, BT).store(kds)
-        vec_s.slice(1 * BT, BT).store(wr)
-        vec_s.slice(2 * BT, BT).store(db_c)
-        vec_s.slice(3 * BT, BT).store(db_v)
-        fence_async_shared()  # every generic access of the tiles before TMA rewrites them
-        gl.thread_barrier()
-        mbarrier.arrive(kv_ready, count=1)
-        if it + 1 < n_chunks:  # Q also waits for S's Q term
-            mbarrier.wait(q_free, ph)
-            _issue_qk_loads(q_desc, k_desc, ld_qk, q_s, k_s, t0 - BT, tk)
-            _issue_vva_loads(v_desc, vn_desc, a_desc, ld_vva, v_s, vn_s, a_s, t0 - BT, tv, ta)
-            _issue_h_load(h_desc, ld_h, h_s, ((c0 + ic - 1) * HV + i_hv) * K)
-        _stamp(stamps, slot, 6, STAMPS)
-        _stamp(stamps, slot, 7, STAMPS)
-
-
-@gluon.jit
-def _fused_bwd_roles_kernel(
-    q_desc, k_desc, v_desc, vn_desc, w_desc, do_desc, h_desc, a_desc,
-    G, beta, dht, dq, dk, dv, dbeta, dg, dh0, doc_offsets, doc_chunk_offsets, doc_order,
-    scale, HV, q2d, k2d, q_stride, k_stride, stamps,
-    GROUP: gl.constexpr, K: gl.constexpr, V: gl.constexpr, BT: gl.constexpr,
-    USE_DHT: gl.constexpr, K_REGS: gl.constexpr, S_REGS: gl.constexpr,
-    ORDERED: gl.constexpr = False, STAMPS: gl.constexpr = False,
-):
-    """The three-role kernel: :func:`_fused_bwd_gluon_kernel`'s arguments (``q2d``, ``k2d``
-    and the strides unused: no L2 hints), its tiles plus four 64-float fp32 vectors for role
-    K's dg/dβ sums, five more mbarriers."""
-    gl.static_assert(K == V)
-    i_hv = gl.program_id(0)
-    i_n = _doc_program(doc_order, ORDERED)
-    dtype: gl.constexpr = q_desc.dtype
-    t64: gl.constexpr = a_desc.layout
-    q_s = gl.allocate_shared_memory(dtype, [BT, K], q_desc.layout)
-    k_s = gl.allocate_shared_memory(dtype, [BT, K], k_desc.layout)
-    v_s = gl.allocate_shared_memory(dtype, [BT, V], v_desc.layout)  # later: dW
-    vn_s = gl.allocate_shared_memory(dtype, [BT, V], vn_desc.layout)
-    w_s = gl.allocate_shared_memory(dtype, [BT, K], w_desc.layout)
-    do_s = gl.allocate_shared_memory(dtype, [BT, V], do_desc.layout)  # later: −dos
-    du_s = gl.allocate_shared_memory(dtype, [BT, V], do_desc.layout)  # dvl, then dU
-    h_s = gl.allocate_shared_memory(dtype, [K, V], h_desc.layout)
-    dS_s = gl.allocate_shared_memory(dtype, [K, V], h_desc.layout)
-    a_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)
-    ds_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # round(Pᵀ), then dP ⊙ D · scale
-    dt_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)  # dT, dT Tᵀ, then E'
-    eb_s = gl.allocate_shared_memory(dtype, [BT, BT], t64)
-    vec_s = gl.allocate_shared_memory(gl.float32, [4 * BT],
-                                      gl.SwizzledSharedLayout(1, 1, 1, order=[0]))
-    bars = gl.allocate_shared_memory(gl.int64, [14, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(14):
-        mbarrier.init(bars.index(i), count=2 if i == 4 else 1)  # ds_free: roles Q and K
-    fence_async_shared()
-    ld_s = bars.index(0)
-    du_ready = bars.index(1)
-    dos_ready = bars.index(2)
-    q_free = bars.index(3)
-    ds_free = bars.index(4)
-    ds_ready = bars.index(5)
-    ld_qk = bars.index(6)
-    ld_vva = bars.index(7)
-    ld_h = bars.index(8)
-    dvl_ready = bars.index(9)
-    dt_ready = bars.index(10)
-    e_ready = bars.index(11)
-    kv_ready = bars.index(12)
-    du_free = bars.index(13)
-    tk = (i_hv // GROUP) * K
-    tw = i_hv * K
-    tv = i_hv * V
-    gl.warp_specialize([
-        (_dq_partition, (q_s, k_s, v_s, vn_s, do_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s,
-                         vec_s, ld_qk, ld_vva, ld_h, ld_s, dos_ready, ds_free, ds_ready,
-                         dvl_ready, dt_ready, e_ready, kv_ready, du_free, G, beta, dq, dbeta,
-                         dg, doc_offsets, i_n, i_hv, HV, scale, K, V, BT)),
-        (_dk_partition, (q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc, q_s, k_s, v_s,
-                         vn_s, du_s, h_s, dS_s, a_s, ds_s, dt_s, eb_s, vec_s, ld_qk, ld_vva,
-                         ld_h, du_ready, q_free, ds_free, ds_ready, dvl_ready, dt_ready,
-                         e_ready, kv_ready, G, beta, dk, dv, doc_offsets, doc_chunk_offsets,
-                         i_n, i_hv, HV, tk, tv, stamps, K, V, BT, STAMPS)),
-        (_chain_partition, (w_desc, do_desc, q_s, w_s, do_s, du_s, dS_s, ld_s, du_ready,
-                            dos_ready, q_free, ds_free, ds_ready, du_free, G, dht, dh0,
-                            doc_offsets, i_n, i_hv, HV, tw, tv, K, V, BT, USE_DHT, True)),
-    ], [4, 4], [K_REGS, S_REGS])
-
-
 _FUSED_BWD_GLUON_KERNEL = cached_launch(_fused_bwd_gluon_kernel)
-_FUSED_BWD_ROLES_KERNEL = cached_launch(_fused_bwd_roles_kernel)
 
 
 def gluon_fused_bwd_supported(q: torch.Tensor, v: torch.Tensor, A_inv: torch.Tensor,
@@ -838,7 +484,7 @@ def _descriptors(q, k, v, v_new, W, do, h, A_inv) -> dict:
     )
 
 
-@launcher(uses_atomics=False, kernels=(_fused_bwd_gluon_kernel, _fused_bwd_roles_kernel))
+@launcher(uses_atomics=False, kernels=(_fused_bwd_gluon_kernel,))
 def fused_bwd_gluon(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -960,20 +606,14 @@ def fused_bwd_gluon(
     q2d, k2d = rows_view(q), rows_view(k)  # the views TMA tiles (and the L2 hints read)
     descs = _descriptors(q2d, k2d, v, v_new, W, do, h, A_inv)
     order = ordered_docs(index)
-    args = (*descs.values(), G, beta, dht if dht is not None else dh0, dq, dk, dv, dbeta, dg,
-            dh0, index.doc_offsets, index.doc_chunk_offsets,
-            index.doc_chunk_offsets if order is None else order, float(scale), HV,
-            q2d, k2d, q2d.stride(0), k2d.stride(0), dh0 if stamps is None else stamps)
-    common = dict(GROUP=group, K=_K, V=_V, BT=_BT, USE_DHT=dht is not None,
-                  ORDERED=order is not None, STAMPS=stamps is not None, maxnreg=_MAXNREG)
-    roles = switch_choice(FUSED_BWD_ROLES_ENV, FUSED_BWD_ROLES_CHOICES,
-                          str(GLUON_FUSED_BWD_ROLES))
-    if roles == "3":
-        k_regs, s_regs = GLUON_FUSED_BWD_ROLE_REGS
-        _FUSED_BWD_ROLES_KERNEL[(HV, N)](*args, K_REGS=k_regs, S_REGS=s_regs, num_warps=4,
-                                         **common)
-    else:
-        _FUSED_BWD_GLUON_KERNEL[(HV, N)](*args, S_REGS=GLUON_FUSED_BWD_S_REGS,
-                                         PREFETCH=GLUON_FUSED_BWD_PREFETCH, num_warps=8,
-                                         **common)
+    _FUSED_BWD_GLUON_KERNEL[(HV, N)](
+        *descs.values(), G, beta, dht if dht is not None else dh0, dq, dk, dv, dbeta, dg, dh0,
+        index.doc_offsets, index.doc_chunk_offsets,
+        index.doc_chunk_offsets if order is None else order, float(scale), HV,
+        q2d, k2d, q2d.stride(0), k2d.stride(0), dh0 if stamps is None else stamps,
+        GROUP=group, K=_K, V=_V, BT=_BT, USE_DHT=dht is not None,
+        S_REGS=GLUON_FUSED_BWD_S_REGS,
+        ORDERED=order is not None, PREFETCH=GLUON_FUSED_BWD_PREFETCH,
+        STAMPS=stamps is not None, num_warps=8, maxnreg=_MAXNREG,
+    )
     return dq, dk, dv, dbeta, dg, dh0
