@@ -177,31 +177,26 @@ def _zero_rows(s, n, R: gl.constexpr, C: gl.constexpr, layout: gl.constexpr):
 @gluon.jit
 def _crossing_sums(M, BT: gl.constexpr, scan_layout: gl.constexpr, out_layout: gl.constexpr):
     """``c_t = Σ_{i ≥ t} Σ_{j < t} M_ij`` of a ``[BT, BT]`` fp32 tile, as
-    :func:`gdn_core.ops.chunk_grads_bwd.crossing_sums`: an inclusive scan along rows
-    (``scan_layout`` keeps a row in one warp), a masked column sum, a shift by one token.
-    Returned in ``out_layout`` (a row-vector layout)."""
+    :func:`gdn_core.ops.chunk_grads_bwd.crossing_sums_t`: an inclusive reverse scan down
+    the columns (``R_tj = Σ_{i ≥ t} M_ij``; ``scan_layout`` keeps a column in one warp),
+    then a masked row sum over ``j < t``. Only pairs crossing ``t`` are ever added, and the
+    result is indexed by ``t`` as it comes out (no shift). Returned in ``out_layout`` (a
+    row-vector layout)."""
     M = gl.convert_layout(M, scan_layout)
-    N = gl.associative_scan(M, 1, _add)
+    R = gl.associative_scan(M, 0, _add, reverse=True)
     r = gl.arange(0, BT, layout=gl.SliceLayout(1, scan_layout))
     c = gl.arange(0, BT, layout=gl.SliceLayout(0, scan_layout))
-    cs = gl.sum(gl.where(r[:, None] > c[None, :], N, 0.0), axis=0)  # [t] = c_{t+1}
-    out = gl.sum(gl.where(c[None, :] == r[:, None] - 1, cs[None, :], 0.0), axis=1)
+    out = gl.sum(gl.where(c[None, :] < r[:, None], R, 0.0), axis=1)
     return gl.convert_layout(out, out_layout)
 
 
 @gluon.jit
-def _suffix_sum(x, rows, cols, out_layout: gl.constexpr):
-    """``Σ_{i ≥ t} x_i`` (``x`` a row vector of the layout ``rows``/``cols`` come from) as a
-    masked column sum (fixed order; no scan)."""
-    s = gl.sum(gl.where(rows[:, None] >= cols[None, :], x[:, None], 0.0), axis=0)
-    return gl.convert_layout(s, out_layout)
-
-
-@gluon.jit
-def _prefix_sum_excl(x, rows, cols, out_layout: gl.constexpr):
-    """``Σ_{j < t} x_j`` as a masked column sum (no exclusive scan formed as inclusive
-    minus self)."""
-    s = gl.sum(gl.where(rows[:, None] < cols[None, :], x[:, None], 0.0), axis=0)
+def _split_sum(x, y, rows, cols, out_layout: gl.constexpr):
+    """``Σ_{i < t} x_i + Σ_{i ≥ t} y_i`` (``x``, ``y`` row vectors of the layout ``rows`` /
+    ``cols`` come from) as one masked column sum: an exclusive prefix sum of ``x`` and a
+    suffix sum of ``y`` in a fixed order, each term a select (no scan formed as inclusive
+    minus self, no total minus a prefix)."""
+    s = gl.sum(gl.where(rows[:, None] < cols[None, :], x[:, None], y[:, None]), axis=0)
     return gl.convert_layout(s, out_layout)
 
 
@@ -292,26 +287,30 @@ def _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT: gl.constexpr,
 def _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
                     BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr):
     """Phase A, after the caller issued ``dp = dO V'ᵀ`` then ``qk = Q Kᵀ``: ``ds = dP ⊙ D ·
-    scale`` stored to ``ds_s`` and the crossing sums of ``Mo = ds ⊙ Q Kᵀ`` (returned)."""
+    scale`` stored to ``ds_s``; ``Mo = ds ⊙ Q Kᵀ`` returned (its crossing sums are formed
+    in :func:`_phase_a_values`, while that phase's products run)."""
     dp = warpgroup_mma_wait(1, deps=[dp, do_s, vn_s])[0]
     m_low = (rows[:, None] >= cols[None, :]) & (rows[:, None] < n)
     ds = dp * gl.exp(gl.where(m_low, g_r[:, None] - g_c[None, :], float("-inf"))) * scale
     ds_s.store(ds.to(ds_s.dtype))
     qk = warpgroup_mma_wait(0, deps=[qk, q_s, k_s])[0]
-    return _crossing_sums(ds * qk, BT, SCAN, R64)  # Mo = (dP ⊙ D) scale ⊙ Q Kᵀ
+    return ds * qk  # Mo = (dP ⊙ D) scale ⊙ Q Kᵀ
 
 
 @gluon.jit
-def _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT: gl.constexpr,
-                    V: gl.constexpr, L128: gl.constexpr):
+def _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, mo, BT: gl.constexpr,
+                    V: gl.constexpr, L128: gl.constexpr, SCAN: gl.constexpr,
+                    R64: gl.constexpr):
     """``dṼ = Tᵀ dU`` (``dv = β ⊙ dṼ`` stored, ``v·dṼ`` returned) and ``X1 = dU Vᵀ``
-    (dT's dU half) issued, returned still in flight."""
+    (dT's dU half) issued, returned still in flight; the crossing sums of ``mo`` (phase
+    A's ``Mo``) formed while both products run, returned."""
     dvt = warpgroup_mma(a_s.permute((1, 0)), du_s, z128, use_acc=False, is_async=True)
     x1 = warpgroup_mma(du_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
+    cs_o = _crossing_sums(mo, BT, SCAN, R64)
     dvt = warpgroup_mma_wait(1, deps=[dvt, a_s, du_s])[0]
     db_v = gl.sum(dvt * v_s.load(L128).to(gl.float32), axis=1)  # v·dṼ
     _store_rows(dv + p_s * V, dvt * b_r128[:, None], n, HV * V, BT, V, L128)
-    return x1, db_v
+    return x1, db_v, cs_o
 
 
 @gluon.jit
@@ -355,8 +354,9 @@ def _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
              BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr,
              E_OVER_DT: gl.constexpr = False):
     """Phase C: ``E' = (−Tᵀ dT Tᵀ) ⊙ e`` on the strict lower triangle into ``e_s`` and
-    ``diag(β) E'`` into ``eb_s``, ``K Kᵀ``, and the crossing sums of ``Mw = E' ⊙ diag(β)
-    K Kᵀ`` (returned); ends with a CTA barrier. ``E_OVER_DT``: ``e_s`` is ``dt_s`` (8 KB
+    ``diag(β) E'`` into ``eb_s``, ``K Kᵀ``, and ``Mw = E' ⊙ diag(β) K Kᵀ`` returned (the
+    caller forms its crossing sums once phase D's first product is issued); ends with a
+    CTA barrier. ``E_OVER_DT``: ``e_s`` is ``dt_s`` (8 KB
     of shared memory less; a CTA barrier before ``E'`` overwrites ``dT Tᵀ``)."""
     dtype: gl.constexpr = dt_s.dtype
     dt_s.store(d_t.to(dtype))
@@ -378,10 +378,9 @@ def _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
     e = gl.where(m_low1, -da * gl.exp(gl.where(m_low1, g_r[:, None] - g_c[None, :], 0.0)), 0.0)
     e_s.store(e.to(dtype))
     eb_s.store((e * b_r[:, None]).to(dtype))
-    cs_w = _crossing_sums(e * b_r[:, None] * kk, BT, SCAN, R64)  # Mw = E' ⊙ diag(β) K Kᵀ
     fence_async_shared()
     gl.thread_barrier()
-    return cs_w
+    return e * b_r[:, None] * kk  # Mw = E' ⊙ diag(β) K Kᵀ
 
 
 @gluon.jit
@@ -444,9 +443,8 @@ def _store_dg_dbeta(dg, dbeta, p_s, n, HV, rows, cols, cs_w, cs_o, g_last, sds, 
     order."""
     b_dg = cs_w + cs_o
     b_dg += gl.exp(g_last) * sds
-    b_dg += _prefix_sum_excl(gl.convert_layout(kds, R64), rows, cols, R64)
-    b_dg += _suffix_sum(b_r * gl.convert_layout(wr, R64), rows, cols, R64)
-    b_dg += _suffix_sum(gl.convert_layout(dgq, R64), rows, cols, R64)
+    y = b_r * gl.convert_layout(wr, R64) + gl.convert_layout(dgq, R64)
+    b_dg += _split_sum(gl.convert_layout(kds, R64), y, rows, cols, R64)
     b_db = gl.convert_layout(db_c, R64) + gl.convert_layout(db_v, R64)
     m = rows < n
     gl.store(dg + p_s + rows * HV, b_dg.to(dg.dtype.element_ty), mask=m)
@@ -524,10 +522,11 @@ def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_de
     mbarrier.wait(bars.index(0), ph)
     dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
     qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
-                           BT, SCAN, R64)
+    mo = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
+                         BT, SCAN, R64)
     mbarrier.wait(bars.index(1), ph)
-    x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V, L128)
+    x1, db_v, cs_o = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, mo,
+                                     BT, V, L128, SCAN, R64)
 
     # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
     mbarrier.wait(bars.index(2), ph)
@@ -536,12 +535,13 @@ def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_de
     d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
 
     # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
-    cs_w = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
-                    SCAN, R64)
+    mw = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
+                  SCAN, R64)
 
     # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
-    #         C = Γ ⊙ (Tᵀ dW) + E' K
+    #         C = Γ ⊙ (Tᵀ dW) + E' K; Mw's crossing sums while Tᵀ dW runs
     acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
+    cs_w = _crossing_sums(mw, BT, SCAN, R64)
     mbarrier.wait(bars.index(3), ph)
     acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
     acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dh_s, gam_r128, L128)
@@ -581,9 +581,9 @@ def _chunk_grads_bwd_gluon_kernel(
     IO: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4 * WG, 1],
         order=[1, 0])
-    SCAN: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 2], threads_per_warp=[1, 32], warps_per_cta=[4 * WG, 1],
-        order=[1, 0])
+    SCAN: gl.constexpr = gl.BlockedLayout(  # a column of a 64x64 tile in one warp
+        size_per_thread=[2, 1], threads_per_warp=[32, 1], warps_per_cta=[1, 4 * WG],
+        order=[0, 1])
     t64: gl.constexpr = a_desc.layout  # NVMMA layout of a [64, 64] 16-bit tile
 
     # --- shared memory: every input tile of the chunk once, and the 64x64 operands

@@ -81,6 +81,7 @@ from gdn_core.chunking import ChunkIndex
 from gdn_core.ops.gluon import chunk_grads as _cg
 from gdn_core.ops.gluon.chunk_grads import (
     _chunk_vectors,
+    _crossing_sums,
     _loop,
     _phase_a_scores,
     _phase_a_values,
@@ -160,9 +161,9 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
     IO: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[4 * WG, 1],
         order=[1, 0])
-    SCAN: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 2], threads_per_warp=[1, 32], warps_per_cta=[4 * WG, 1],
-        order=[1, 0])
+    SCAN: gl.constexpr = gl.BlockedLayout(  # a column of a 64x64 tile in one warp
+        size_per_thread=[2, 1], threads_per_warp=[32, 1], warps_per_cta=[1, 4 * WG],
+        order=[0, 1])
     t64: gl.constexpr = a_desc.layout  # NVMMA layout of a [64, 64] 16-bit tile
     nb_tile: gl.constexpr = q_desc.block_type.nbytes  # one [64, 128] tile
 
@@ -264,12 +265,12 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         mbarrier.wait(b_qk, ph)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
-                               scale, BT, SCAN, R64)
+        mo = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
+                             scale, BT, SCAN, R64)
         mbarrier.wait(b_a, ph)
         mbarrier.wait(b_uv, ph)
-        x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V,
-                                   L128)
+        x1, db_v, cs_o = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV,
+                                         mo, BT, V, L128, SCAN, R64)
 
         # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
         mbarrier.wait(b_h, ph)
@@ -284,12 +285,13 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
 
         # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
-        cs_w = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
-                        SCAN, R64)
+        mw = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
+                      SCAN, R64)
 
         # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
         #         C = Γ ⊙ (Tᵀ dW) + E' K
         acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
+        cs_w = _crossing_sums(mw, BT, SCAN, R64)  # while Tᵀ dW runs
         mbarrier.wait(b_dh, ph)
         acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
         # P2a: dW and A_inv are spent: the next tile's dO into dW's slot, its A_inv

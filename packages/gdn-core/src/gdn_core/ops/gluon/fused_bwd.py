@@ -74,6 +74,7 @@ from gdn_core.chunking import ChunkIndex, ordered_docs
 from gdn_core.ops.chunk_grads_bwd import grad_outputs
 from gdn_core.ops.gluon.chunk_grads import (
     _chunk_vectors,
+    _crossing_sums,
     _phase_a_scores,
     _phase_a_values,
     _phase_b_dq,
@@ -241,8 +242,8 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
     R128: gl.constexpr = gl.SliceLayout(1, L128)
     IO: gl.constexpr = gl.BlockedLayout(
         size_per_thread=[1, 8], threads_per_warp=[2, 16], warps_per_cta=[8, 1], order=[1, 0])
-    SCAN: gl.constexpr = gl.BlockedLayout(
-        size_per_thread=[1, 2], threads_per_warp=[1, 32], warps_per_cta=[8, 1], order=[1, 0])
+    SCAN: gl.constexpr = gl.BlockedLayout(  # a column of a 64x64 tile in one warp
+        size_per_thread=[2, 1], threads_per_warp=[32, 1], warps_per_cta=[1, 8], order=[0, 1])
 
     bos, eos, n_chunks = _doc_span(doc_offsets, i_n, BT)
     c0 = gl.load(doc_chunk_offsets + i_n)
@@ -289,10 +290,10 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
         mbarrier.wait(ld_vva, ph)
         dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-        cs_o = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
-                               scale, BT, SCAN, R64)
-        x1, db_v = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, BT, V,
-                                   L128)
+        mo = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
+                             scale, BT, SCAN, R64)
+        x1, db_v, cs_o = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV,
+                                         mo, BT, V, L128, SCAN, R64)
         _stamp(stamps, slot, 3, STAMPS)
         # ---- B: dQ stored, dW into V's tile; −dos over the spent dO for S; ⟨S, dS⟩, after
         # which h is spent: the next chunk's loads into its tile; dT
@@ -310,13 +311,14 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
         d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
         _stamp(stamps, slot, 4, STAMPS)
         # ---- C: E', diag(β) E', K Kᵀ, Mw's crossing sums
-        cs_w = _phase_c(d_t, dt_s, a_s, k_s, dt_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
-                        BT, SCAN, R64, True)  # E' over dT Tᵀ
+        mw = _phase_c(d_t, dt_s, a_s, k_s, dt_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
+                      BT, SCAN, R64, True)  # E' over dT Tᵀ
         e_s = dt_s
         _stamp(stamps, slot, 5, STAMPS)
         # ---- D: dK (the state term from dS16_{c+1} in the dS tile); after its first
         # products V, V' and A_inv are spent, after dK Q and K
         acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
+        cs_w = _crossing_sums(mw, BT, SCAN, R64)  # while Tᵀ dW runs
         acc, dks, _ = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dS_s, z128, K, V, IO, False)
         acc, dks, k_r, wr = _phase_d_c(acc, dks, e_s, k_s, vn_s, dS_s, gam_r128, L128)
         if has_next:

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Session 26's device calls. Name kind "nvidia-h200" (an H100 may serve: ratios within a call).
+#
+#   call 1 (~450 s, carry [".old-src.tgz"]: `git archive <old> packages | gzip`):
+#       CALL_LIMIT=560 bash tools/h200_s26_validate.sh 1
+#       the cheaper dg sums in the Gluon chunk gradients (crossing sums without the shift,
+#       one masked sum for the prefix/suffix terms, the crossing sums overlapping phase A's
+#       and D's first products): the Gluon chunk-gradient, pipelined, fused_bwd and alias
+#       GPU tests (the new strong-decay dg test included, its figures printed), then the
+#       kernel probes and det fwd+bwd, old (the carried tree) against new, same machine
+#   call 2 (~560 s): CALL_LIMIT=585 bash tools/h200_s26_validate.sh 2
+#       every gpu-marked test of the four GDN packages, det profiles
+#   calls 3 and 4 (the anchors, wheels carried as in h200_s25_validate.sh 5 and 6)
+TAG=s26
+source "$(dirname "$0")/h200_lib.sh"
+NEW_PATH=$PYTHONPATH
+
+old_tree() {
+  mkdir -p /tmp/old && tar xzf .old-src.tgz -C /tmp/old || return 1
+  OLD_PATH=$(ls -d /tmp/old/packages/*/src | tr '\n' ':'); OLD_PATH=${OLD_PATH%:}
+}
+
+step1() {
+  old_tree || { echo "no .old-src.tgz"; return 1; }
+  gpu_tests grads_tests.log 240 6 packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
+    packages/gdn-core/tests/test_gluon_chunk_grads_pipelined_gpu.py \
+    packages/gdn-core/tests/test_gluon_fused_bwd_gpu.py packages/gdn-core/tests/test_bwd_alias_gpu.py
+  timeout 60 python3 -m pytest -q -s -m gpu -p no:cacheprovider --import-mode=importlib \
+    -k strong_decay packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py 2>&1 | grep -E "strong|passed|failed"
+  PYTHONPATH=$OLD_PATH:$NEW_PATH timeout 60 python3 -m pytest -q -s -m gpu -p no:cacheprovider \
+    --import-mode=importlib -k strong_decay packages/gdn-core/tests/test_gluon_chunk_grads_gpu.py \
+    2>&1 | grep -E "strong|passed|failed" | sed "s/^/old kernel: /"
+  for arm in new old new; do
+    if [[ $arm == old ]]; then export PYTHONPATH=$OLD_PATH; else export PYTHONPATH=$NEW_PATH; fi
+    timeout 60 python3 benchmarks/gluon_chunk_grads_probe.py --docs 1,8 > "$LOG/probe_$arm.txt" 2>&1
+    echo "grads probe $arm exit $?"; tail -6 "$LOG/probe_$arm.txt"
+  done
+  for arm in new old; do
+    if [[ $arm == old ]]; then export PYTHONPATH=$OLD_PATH; else export PYTHONPATH=$NEW_PATH; fi
+    timeout 80 python3 benchmarks/gluon_fused_bwd_probe.py --shapes 32768:8 > "$LOG/fprobe_$arm.txt" 2>&1
+    echo "fused probe $arm exit $?"; tail -4 "$LOG/fprobe_$arm.txt"
+  done
+  local S="B4,T8192,H16;B1,T32768,H16,D8;B1,T32768,H16,HV32,D8"
+  for arm in new old new; do
+    (( $(date +%s) - START < ${CALL_LIMIT:-560} - 75 )) || { echo "no time for e2e $arm"; break; }
+    if [[ $arm == old ]]; then export PYTHONPATH=$OLD_PATH; else export PYTHONPATH=$NEW_PATH; fi
+    E2E_TIMEOUT=70 e2e "$arm" "$S"
+  done
+  export PYTHONPATH=$NEW_PATH
+}
+
+step2() { suite_step; }
+step3() { install_base; }
+step4() { anchors_step; }
+
+case "${1:-}" in
+  1) step1 ;;
+  2) step2 ;;
+  3) step3 ;;
+  4) step4 ;;
+  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4"; exit 2 ;;
+esac
+pack "$1"
