@@ -8,8 +8,9 @@
 #       and D's first products): the Gluon chunk-gradient, pipelined, fused_bwd and alias
 #       GPU tests (the new strong-decay dg test included, its figures printed), then the
 #       kernel probes and det fwd+bwd, old (the carried tree) against new, same machine
-#   call 2 (~560 s): CALL_LIMIT=585 bash tools/h200_s26_validate.sh 2
-#       every gpu-marked test of the four GDN packages, det profiles
+#   call 2 (~450 s): CALL_LIMIT=500 bash tools/h200_s26_validate.sh 2
+#       every gpu-marked test of the four GDN packages, the host profile at B1 T1024, the
+#       CUDA bits check in what is left
 #   calls 3 and 4 (the anchors, wheels carried as in h200_s25_validate.sh 5 and 6)
 TAG=s26
 source "$(dirname "$0")/h200_lib.sh"
@@ -49,7 +50,17 @@ step1() {
   export PYTHONPATH=$NEW_PATH
 }
 
-step2() { suite_step; }
+step2() {
+  PROFILE=0 SUITE_THEN=host_profile suite_step
+}
+
+# the host loop at B1 T1024 H16 bf16, arm by arm (autograd with and without its device thread,
+# the split API, the floors), and its cProfile (host_profile_gpu.py)
+host_profile() {
+  timeout 120 python3 benchmarks/host_profile_gpu.py --iters 50 --repeats 5 --top 25 \
+    > "$LOG/host_profile_T1024.txt" 2>&1
+  echo "host profile exit $?"; grep -E "host .* ms/step|Python calls" "$LOG/host_profile_T1024.txt"
+}
 step3() { install_base; }
 step4() { anchors_step; }
 
