@@ -15,8 +15,8 @@ store and read back (L2-resident; in the backward, the spent ``h``/``dh`` tile o
 group's first value head: no memory taken), rounding the last head's sum into the output:
 the additions and rounding of :func:`gdn_core.ops.group_reduce.group_reduce`, so the same
 bits, without the ``[T, HV, K]`` fp32 partials or the two reduction launches. Compiled
-for sm_90a (Triton 3.6, bf16): 232 registers, no spills, 221,224 B at group 2; 255
-registers and 48 B of spills at group 4.
+for sm_90a (Triton 3.6, bf16): 250 registers, no spills, 221,224 B at group 2; 255
+registers and 100 B of spills at group 4 (session 26; 232 and 48 B before).
 
 The whole stage in one launch: one CTA per (chunk, value head), 8 warps (two
 warpgroups), every product a ``warpgroup_mma`` with both operands in shared memory and
@@ -75,10 +75,17 @@ accumulator layout (masked rows; no conversion scratch). dg and dβ: the Triton
 kernels' terms in their order — ``cs(Mw) + cs(Mo) + exp(G_last)⟨S, dS⟩ +
 Σ_{j<t} k_j·dK_state_j + Σ_{i≥t} β_i k_i·Γ(Tᵀ dW)_i + Σ_{i≥t} q_i·dQ_state_i`` and
 ``k·C + v·dṼ`` — with the crossing sums as in
-:func:`~gdn_core.ops.chunk_grads_bwd.crossing_sums` (an inclusive scan along rows in a
-layout that keeps a row in one warp, a masked column sum, a shift) and the suffix /
-exclusive prefix sums as masked column sums (fixed order, no scan formed as inclusive
-minus self). No atomics, a fixed order for every sum, each output row owned by one
+:func:`~gdn_core.ops.chunk_grads_bwd.crossing_sums_t` (an inclusive reverse scan down the
+columns in a layout that keeps a column in one warp, then a masked row sum: indexed by the
+token as it comes out, no shift) and the exclusive prefix sum of ``k·dK_state`` with the
+two suffix sums as ONE masked column sum (each term a select; no scan formed as inclusive
+minus self, no total minus a prefix). Only pairs crossing ``t`` and only the tokens on the
+right side of ``t`` are ever added, so no O(1) term cancels (docs/math.md). ``Mo``'s
+crossing sums run while phase A's ``Tᵀ dU`` / ``dU Vᵀ`` are in flight, ``Mw``'s while
+phase D's ``Tᵀ dW`` is. (Session 26: 4,616 → 4,280 SASS instructions, 244 → 232
+registers, the kernel 1.5 % faster on an H100; before it the crossing sums took a shift
+— a 64×64 masked reduce — and the three vector sums a masked reduce each.) No atomics,
+a fixed order for every sum, each output row owned by one
 CTA: two calls give the same bits. The partials of ``dg`` and ``dβ`` that the Triton
 pair hands over through HBM (``[T, HV]`` fp32 each) and the ``dT`` hand-over stay on
 chip.
@@ -108,10 +115,10 @@ Compiled for sm_90a with Triton 3.6 on a machine without a GPU, not yet run on o
 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python tools/sm90_report.py gluon_grads``;
 bf16, H = HV = 16 with bf16 ``dq``/``dk``, and H = 8, HV = 16 with fp32 partials)::
 
-    warps=8 (the launcher's): 244 / 242 registers, 0 spills, 221,216 B shared,
-                              4,616 / 4,584 SASS instructions
-    warps=4 (one warpgroup):  255 registers, 524 / 492 B spill stores,
-                              221,216 B shared, 8,168 / 8,072 SASS instructions
+    warps=8 (the launcher's): 232 / 233 registers, 0 spills, 221,216 B shared,
+                              4,280 / 4,248 SASS instructions
+    warps=4 (one warpgroup):  255 registers, 428 / 456 B spill stores,
+                              213,024 B shared, 7,432 / 7,376 SASS instructions
 
 against the Triton pair at 4 warps (``sm90_report.py bwd``): ``_dq_dv_kernel`` 252
 registers, 0 spills, 73,728 B; ``_dk_kernel`` 255 registers, 212 B spills, 57,344 B.
@@ -300,13 +307,17 @@ def _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
 @gluon.jit
 def _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, mo, BT: gl.constexpr,
                     V: gl.constexpr, L128: gl.constexpr, SCAN: gl.constexpr,
-                    R64: gl.constexpr):
+                    R64: gl.constexpr, OVERLAP: gl.constexpr = True):
     """``dṼ = Tᵀ dU`` (``dv = β ⊙ dṼ`` stored, ``v·dṼ`` returned) and ``X1 = dU Vᵀ``
     (dT's dU half) issued, returned still in flight; the crossing sums of ``mo`` (phase
-    A's ``Mo``) formed while both products run, returned."""
+    A's ``Mo``) returned, formed while both products run (``OVERLAP=False``: before they
+    are issued — the same bits, fewer live registers)."""
+    if not OVERLAP:
+        cs_o = _crossing_sums(mo, BT, SCAN, R64)
     dvt = warpgroup_mma(a_s.permute((1, 0)), du_s, z128, use_acc=False, is_async=True)
     x1 = warpgroup_mma(du_s, v_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    cs_o = _crossing_sums(mo, BT, SCAN, R64)
+    if OVERLAP:
+        cs_o = _crossing_sums(mo, BT, SCAN, R64)
     dvt = warpgroup_mma_wait(1, deps=[dvt, a_s, du_s])[0]
     db_v = gl.sum(dvt * v_s.load(L128).to(gl.float32), axis=1)  # v·dṼ
     _store_rows(dv + p_s * V, dvt * b_r128[:, None], n, HV * V, BT, V, L128)

@@ -270,7 +270,7 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         mbarrier.wait(b_a, ph)
         mbarrier.wait(b_uv, ph)
         x1, db_v, cs_o = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV,
-                                         mo, BT, V, L128, SCAN, R64)
+                                         mo, BT, V, L128, SCAN, R64, False)  # at 255 regs
 
         # ---- B: dQ_state = dO Sᵀ, -dW = dU Sᵀ; dQ = Γ scale dQ_state + ds K (stored)
         mbarrier.wait(b_h, ph)
@@ -287,11 +287,11 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
         mw = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
                       SCAN, R64)
+        cs_w = _crossing_sums(mw, BT, SCAN, R64)  # before D (at 255 registers)
 
         # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
         #         C = Γ ⊙ (Tᵀ dW) + E' K
         acc = warpgroup_mma(a_s.permute((1, 0)), dw_s, z128, use_acc=False, is_async=True)
-        cs_w = _crossing_sums(mw, BT, SCAN, R64)  # while Tᵀ dW runs
         mbarrier.wait(b_dh, ph)
         acc, dks, sds = _phase_d_state(acc, a_s, dw_s, vn_s, h_s, dh_s, z128, K, V, IO)
         # P2a: dW and A_inv are spent: the next tile's dO into dW's slot, its A_inv
