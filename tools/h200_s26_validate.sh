@@ -51,7 +51,13 @@ step1() {
 }
 
 step2() {
-  PROFILE=0 SUITE_THEN=host_profile suite_step
+  PROFILE=0 SUITE_THEN=step2_probes suite_step
+}
+
+step2_probes() {
+  host_profile
+  timeout 60 python3 benchmarks/gluon_chunk_grads_pipelined_probe.py > "$LOG/pipelined.txt" 2>&1
+  echo "pipelined probe exit $?"; tail -8 "$LOG/pipelined.txt"
 }
 
 # the host loop at B1 T1024 H16 bf16, arm by arm (autograd with and without its device thread,
