@@ -9,7 +9,8 @@
 #   suite_step         every gpu-marked test of the four GDN packages (gpu_tests.log), det
 #                      profiles at segments of 4096, then the CUDA bits against a carried .old
 #                      in what is left of CALL_LIMIT (585 s); SUITE_THEN=FUNC runs FUNC after
-#                      the tests, PROFILE=0 skips the profiles
+#                      the tests, PROFILE=0 skips the profiles; SUITE_WORKERS (12) pytest
+#                      workers: 12 fit the H200's memory, not an H100's (OOM, session 26)
 #   anchors_step       (after install_base) det against FlashQLA at SHAPES6 in one run
 #                      (qla.md/json), host time at B1 T1024 against fla (HOST_TIMEOUT, 230 s:
 #                      fla compiles first; again with every arm pinned to CPU HOST_PIN if
@@ -60,7 +61,7 @@ install_anchors() {
 }
 
 suite_step() {
-  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n 12 -m gpu -p no:cacheprovider \
+  timeout ${TEST_TIMEOUT:-330} python3 -m pytest -v -n ${SUITE_WORKERS:-12} -m gpu -p no:cacheprovider \
     -p gdn_core.pytest_cuda_guard --import-mode=importlib -ra packages/gdn-core/tests \
     packages/gdn-det-train/tests packages/gdn-train/tests packages/gdn-det-train-kcp/tests \
     > "$LOG/gpu_tests.log" 2>&1

@@ -67,6 +67,11 @@ host_profile() {
     > "$LOG/host_profile_T1024.txt" 2>&1
   echo "host profile exit $?"; grep -E "host .* ms/step|Python calls" "$LOG/host_profile_T1024.txt"
 }
+# call 5: the tests call 2 lost to out-of-memory (12 workers on an 80 GB H100), listed in
+# .s26_rerun.txt (one pytest id a line, from call 2's log), on 3 workers
+step5() {
+  gpu_tests rerun.log 400 3 $(cat .s26_rerun.txt)
+}
 step3() { install_base; }
 step4() { anchors_step; }
 
@@ -75,6 +80,7 @@ case "${1:-}" in
   2) step2 ;;
   3) step3 ;;
   4) step4 ;;
-  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4"; exit 2 ;;
+  5) step5 ;;
+  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4|5"; exit 2 ;;
 esac
 pack "$1"
