@@ -17,6 +17,10 @@ call taken. Also reported:
 * the cached launches that went through Triton's argument binding in one call
   (:func:`gdn_core.ops.launch.slow_launches`; none expected: each is tens of µs of host
   time, the launch cache's docstring);
+* with ``--backward-on-caller``, every arm's backward runs on the calling thread
+  (``torch.autograd.set_multithreading_enabled(False)``): autograd otherwise hands a CUDA
+  backward to its device thread, which cost 0.68 of 1.81 ms a step here (session 26,
+  ``host_profile_gpu.py``) and is torch's, paid by every library;
 * the CUDA-graph path: the same call captured once (a
   :class:`~gdn_core.layout.VarlenLayout`, fixed-size tables) and replayed: host
   time per replay.
@@ -26,7 +30,8 @@ backend, or the interpreter with ``TRITON_INTERPRET=1``) as a check of the
 script; its figures mean nothing for the GPU.
 
     python benchmarks/host_overhead_gpu.py [--shape 1,1024,16,128,128] [--dtype bfloat16]
-        [--iters 200] [--no-fla] [--order gdn_train,gdn_det_train] [--pin CPU] [--json out.json]
+        [--iters 200] [--no-fla] [--order gdn_train,gdn_det_train] [--pin CPU]
+        [--backward-on-caller] [--json out.json]
 
 fla dispatches to FlashQLA when ``flash_qla`` is importable: the ``fla`` arm sets
 ``FLA_FLASH_QLA=0`` before importing fla, so it times fla's own Triton kernels (the
@@ -225,11 +230,17 @@ def main() -> None:
     p.add_argument("--pin", type=int, default=None, metavar="CPU",
                    help="pin the process (every thread, every arm) to one CPU: autograd's "
                         "device thread then runs on the caller's core (docs/performance.md)")
+    p.add_argument("--backward-on-caller", action="store_true",
+                   help="every arm's backward on the calling thread "
+                        "(torch.autograd.set_multithreading_enabled(False)): autograd's "
+                        "device-thread hand-off out of both sides of the ratio")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     if args.pin is not None:
         os.sched_setaffinity(0, {args.pin})
         print(f"pinned to CPU {args.pin} (all arms)")
+    if args.backward_on_caller:
+        print("every arm's backward on the calling thread (autograd multithreading off)")
 
     B, T, H, K, V = (int(x) for x in args.shape.split(","))
     dtype = getattr(torch, args.dtype)
@@ -238,6 +249,7 @@ def main() -> None:
     ins, do = _inputs(B, T, H, K, V, dtype, args.device)
     results: dict = {"shape": args.shape, "dtype": args.dtype, "device": args.device,
                      "iters": args.iters, "pinned_cpu": args.pin,
+                     "backward_on_caller": args.backward_on_caller,
                      "triton_launch_us": _triton_launch_us(args.device)}
     from gdn_core.ops.launch import slow_launches
     from gdn_core.ops.registry import record_launches
@@ -257,7 +269,11 @@ def main() -> None:
             for x in args_of:
                 x.grad = None
             o = fn(*args_of)[0]
-            o.backward(do)
+            if args.backward_on_caller:
+                with torch.autograd.set_multithreading_enabled(False):
+                    o.backward(do)
+            else:
+                o.backward(do)
 
         for _ in range(args.warmup):
             step()
