@@ -75,12 +75,32 @@ step5() {
 step3() { install_base; }
 step4() { anchors_step; }
 
+# call 6 (after call 3 on the same warm machine, carry [".whl", ".whl-fla"]): the anchors, lean —
+# det against FlashQLA at the six shapes, then the host at B1 T1024 against fla's Triton
+# kernels with autograd's device thread and with every arm's backward on the calling thread
+step6() {
+  install_anchors || return 1
+  local base=$PYTHONPATH
+  export PYTHONPATH="$base:/tmp/site:/tmp/site-base"
+  timeout 330 python3 benchmarks/bench_gdn_train.py --arms det --compare flashqla --warmup 5 \
+    --iters 20 --shapes "$SHAPES6" --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 \
+    --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
+  echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla )" "$LOG/qla.md" | cut -c1-200
+  for mode in "" --backward-on-caller; do
+    PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout 100 python3 \
+      benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 $mode \
+      > "$LOG/host_T1024_fla${mode}.txt" 2>&1
+    echo "host $mode exit $?"; cat "$LOG/host_T1024_fla${mode}.txt"
+  done
+}
+
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
   3) step3 ;;
   4) step4 ;;
   5) step5 ;;
-  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4|5"; exit 2 ;;
+  6) step6 ;;
+  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4|5|6"; exit 2 ;;
 esac
 pack "$1"
