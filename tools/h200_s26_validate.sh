@@ -68,9 +68,18 @@ host_profile() {
   echo "host profile exit $?"; grep -E "host .* ms/step|Python calls" "$LOG/host_profile_T1024.txt"
 }
 # call 5: the tests call 2 lost to out-of-memory (12 workers on an 80 GB H100), listed in
-# .s26_rerun.txt (one pytest id a line, from call 2's log), on 3 workers
+# .s26_rerun.txt (one pytest id a line, from call 2's log), on 4 workers; then, with
+# .whl-fla carried, the host at B1 T1024 against fla's Triton kernels with every arm's
+# backward on the calling thread and with autograd's device thread
 step5() {
-  gpu_tests rerun.log 400 3 $(cat .s26_rerun.txt)
+  gpu_tests rerun.log 260 4 $(cat .s26_rerun.txt)
+  [[ -d .whl-fla ]] || return 0  # carried: the host time against fla's Triton kernels
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla .whl-fla/*.whl
+  for mode in --backward-on-caller ""; do
+    PYTHONPATH="$PYTHONPATH:/tmp/site-fla" timeout 110 python3 benchmarks/host_overhead_gpu.py \
+      --no-graph --iters 100 --repeats 3 $mode > "$LOG/host_T1024_fla${mode}.txt" 2>&1
+    echo "host $mode exit $?"; cat "$LOG/host_T1024_fla${mode}.txt"
+  done
 }
 step3() { install_base; }
 step4() { anchors_step; }
