@@ -7,7 +7,7 @@ launch-bound. Also counted per fwd+bwd: ``torch.tensor`` built from Python
 lists (each one a pageable host→device copy on a GPU) and aten ops. The fold
 is routed to its Triton launcher, as on CUDA. The outputs are garbage.
 
-    TRITON_INTERPRET=1 python benchmarks/host_overhead_cpu.py [--iters 200] [--api autograd]
+    TRITON_INTERPRET=1 python benchmarks/host_overhead_cpu.py [--iters 200] [--api autograd] [--ops]
 
 ``--api split`` (default) times ``chunk_gdn_det_fwd`` + ``chunk_gdn_det_bwd``;
 ``--api autograd`` times ``chunk_gated_delta_rule_det`` and ``backward()`` (the
@@ -54,6 +54,7 @@ def main() -> None:
     p.add_argument("--segments", default="1024,0")
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--api", choices=("split", "autograd"), default="split")
+    p.add_argument("--ops", action="store_true", help="also list the aten ops of one call")
     args = p.parse_args()
 
     interp.InterpretedFunction.run = lambda self, *a, **k: None  # launches cost nothing
@@ -97,6 +98,9 @@ def main() -> None:
                   f"median {statistics.median(ts) * 1e3:.3f} ms; torch.tensor(list) "
                   f"{c.ops.get('aten.lift_fresh.default', 0)}, aten ops {sum(c.ops.values())}",
                   flush=True)
+            if args.ops:
+                for op, n in sorted(c.ops.items(), key=lambda kv: -kv[1]):
+                    print(f"    {n:3d} {op}")
 
 
 if __name__ == "__main__":
