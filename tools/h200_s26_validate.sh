@@ -68,7 +68,7 @@ host_profile() {
   echo "host profile exit $?"; grep -E "host .* ms/step|Python calls" "$LOG/host_profile_T1024.txt"
 }
 # call 5: the tests call 2 lost to out-of-memory (12 workers on an 80 GB H100), listed in
-# .s26_rerun.txt (one pytest id a line, from call 2's log), on 4 workers; then, with
+# .s26_rerun.txt (one pytest id a line, made from call 2's log; not kept), on 4 workers; then, with
 # .whl-fla carried, the host at B1 T1024 against fla's Triton kernels with every arm's
 # backward on the calling thread and with autograd's device thread
 step5() {
