@@ -81,6 +81,20 @@ step5() {
     echo "host $mode exit $?"; cat "$LOG/host_T1024_fla${mode}.txt"
   done
 }
+# call 7: Nsight Compute on one launch each of the one-tile and the persistent chunk-gradient
+# kernels (why prefetching the next tile loses), the details page as CSV
+step7() {
+  NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+--section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis" \
+    ncu_run 170 ncu.log -f -o "$LOG/cg" -k regex:"chunk_grads_bwd_gluon" \
+    python3 tools/ncu_chunk_grads_once.py
+  echo "ncu exit $?"; tail -3 "$LOG/ncu.log"
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 40 "$ncu" -i "$LOG/cg.ncu-rep" --page details --csv > "$LOG/details.csv" 2>&1
+  echo "details exit $?"; rm -f "$LOG/cg.ncu-rep"
+  grep -E "Duration|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Stall|Registers Per|Achieved Occupancy|DRAM Throughput|Memory Throughput" \
+    "$LOG/details.csv" | cut -d, -f5,13- | cut -c1-150 | head -60
+}
 step3() { install_base; }
 step4() { anchors_step; }
 
@@ -110,6 +124,7 @@ case "${1:-}" in
   4) step4 ;;
   5) step5 ;;
   6) step6 ;;
-  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4|5|6"; exit 2 ;;
+  7) step7 ;;
+  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4|5|6|7"; exit 2 ;;
 esac
 pack "$1"
