@@ -4,7 +4,9 @@ Each row times ``--n`` back-to-back repetitions of one piece and prints µs a pi
 
 * ``torch.empty``: one ``[1024, 16, 128]`` bf16 allocation (the caching allocator's hit);
 * ``gluon descriptor``: one :func:`gdn_core.ops.gluon.tma.descriptor` of a ``[T·H, 128]``
-  bf16 tensor with a ``[64, 64]`` block (built per launch for each TMA operand);
+  bf16 tensor with a ``[64, 64]`` block (built per launch for each TMA operand), and
+  ``rows_view`` + a descriptor of a ``[T, H, 128]`` one (``--device cpu``: only these two
+  rows, whose Python is the same off the GPU);
 * ``cached launch``: an empty kernel with 24 arguments (12 tensors, 12 ints) through
   :class:`gdn_core.ops.launch.CachedLauncher`;
 * ``compiled.run``: the same kernel through the compiled launcher alone (addresses as
@@ -14,7 +16,7 @@ Each row times ``--n`` back-to-back repetitions of one piece and prints µs a pi
 The launches are throttled every 256 (a synchronize outside the timed region), so the
 queue never fills and the host time is not the GPU's.
 
-    python benchmarks/host_costs_probe.py [--n 2000]
+    python benchmarks/host_costs_probe.py [--n 2000] [--device cpu]
 """
 
 from __future__ import annotations
@@ -38,11 +40,16 @@ def _one(x):
     tl.program_id(0)
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _us(piece, n: int) -> float:
     """Host µs a call of ``piece``, synchronising every 256 calls outside the clock."""
     for _ in range(20):
         piece()
-    torch.cuda.synchronize()
+    _sync()
     total, done = 0.0, 0
     while done < n:
         m = min(256, n - done)
@@ -50,15 +57,36 @@ def _us(piece, n: int) -> float:
         for _ in range(m):
             piece()
         total += time.perf_counter() - t0
-        torch.cuda.synchronize()
+        _sync()
         done += m
     return total * 1e6 / n
+
+
+def _descriptor_rows(device: str) -> dict:
+    """The Gluon descriptor rows: one descriptor of a 2-D tensor, and ``rows_view`` + a
+    descriptor of a ``[1024, 16, 128]`` one (what each TMA operand of a launch costs)."""
+    try:
+        from gdn_core.ops.gluon.tma import descriptor, rows_view
+        t = torch.empty(1024 * 16, 128, device=device, dtype=torch.bfloat16)
+        x = torch.empty(1024, 16, 128, device=device, dtype=torch.bfloat16)
+        return {"gluon descriptor [64,64] block": lambda: descriptor(t, [64, 64]),
+                "rows_view + descriptor [1024,16,128]": lambda: descriptor(rows_view(x),
+                                                                           [64, 128])}
+    except Exception as e:  # noqa: BLE001 - no Gluon here: the rows are left out
+        print(f"(no Gluon descriptor rows: {e})")
+        return {}
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=2000)
+    p.add_argument("--device", default="cuda",
+                   help="cuda, or cpu: only the descriptor rows (their Python is the same)")
     args = p.parse_args()
+    if args.device == "cpu":
+        for name, piece in _descriptor_rows("cpu").items():
+            print(f"{name:34s} {_us(piece, args.n):7.2f} us", flush=True)
+        return
     from gdn_core.ops.launch import CachedLauncher
 
     x = torch.empty(64, device="cuda")
@@ -79,12 +107,7 @@ def main() -> None:
             1, 1, 1, stream, one.function, one.packed_metadata, None, None, None,
             x.data_ptr()),
     }
-    try:
-        from gdn_core.ops.gluon.tma import descriptor
-        t = torch.empty(1024 * 16, 128, device="cuda", dtype=torch.bfloat16)
-        rows["gluon descriptor [64,64] block"] = lambda: descriptor(t, [64, 64])
-    except Exception as e:  # noqa: BLE001 - no Gluon here: the row is left out
-        print(f"(no Gluon descriptor row: {e})")
+    rows.update(_descriptor_rows("cuda"))
     for name, piece in rows.items():
         print(f"{name:34s} {_us(piece, args.n):7.2f} us", flush=True)
 

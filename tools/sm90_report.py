@@ -380,7 +380,7 @@ def gluon_wy_reports() -> None:
         for warps, merge in ((gw.GLUON_WY_WARPS, 32), (gw.GLUON_WY_WARPS, 16), (8, 32)):
             print(f"H={H} HV={HV} MERGE_K={merge}")
             report_gluon(gw._wy_fwd_gluon_kernel, args,
-                         dict(K=K, V=K, BT=64, STORE_A=16, MERGE_K=merge),
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=16, MERGE_K=merge),
                          num_warps=warps)
     _wy_triton_report(invert_modes=(True,))
 

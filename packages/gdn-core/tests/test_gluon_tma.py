@@ -48,3 +48,15 @@ def test_descriptor_describes_the_view_at_its_strides():
     assert list(desc.strides) == [3 * H * D, 1]
     assert list(desc.block_shape) == [64, D]
     assert descriptor(view, [64, D]).layout is desc.layout  # one layout per (block, dtype)
+
+
+
+@pytest.mark.parametrize("shape", [(6, 2, 64), (1, 4, 32), (64, 128)])
+def test_contiguous_fast_path_is_the_general_view(shape):
+    """A contiguous aligned input takes ``view`` (one C check) and gets exactly the view the
+    general path builds: shape, strides, address and values."""
+    x = torch.randn(*shape, dtype=torch.bfloat16)
+    got = rows_view(x)
+    want = x.as_strided((shape[0], x.numel() // shape[0]), (x.numel() // shape[0], 1))
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert got.data_ptr() == want.data_ptr() and torch.equal(got, want)

@@ -23,6 +23,7 @@ except Exception:  # noqa: BLE001 - the kernels' modules report Gluon's absence 
     gl = None
     TensorDescriptor = None
 
+
 __all__ = ["descriptor", "ensure_context", "rows_view"]
 
 _TMA_ALIGN = 16  # bytes: TMA's base-address and stride granularity
@@ -37,7 +38,12 @@ def rows_view(x: torch.Tensor) -> torch.Tensor:
     dims that are not dense, give a contiguous copy (still 16-byte aligned: a fresh
     allocation is).
     """
-    rows, inner = x.shape[0], x.shape[1:]
+    rows = x.shape[0]
+    if x.is_contiguous() and rows > 0:  # the common case: one check in C, a view
+        width = x.numel() // rows
+        if x.data_ptr() % _TMA_ALIGN == 0 and (width * x.element_size()) % _TMA_ALIGN == 0:
+            return x.view(rows, width)
+    inner = x.shape[1:]
     width, dense = 1, True
     for size, stride in zip(reversed(inner), reversed(x.stride()[1:]), strict=True):
         dense = dense and (size == 1 or stride == width)
