@@ -183,3 +183,19 @@ def test_every_cached_launch_in_the_library_passes_runtime_arguments_positionall
             found[f"{path.relative_to(root)}:{line} {name}"] = by_keyword
     assert len(found) >= 25, sorted(found)  # the scan sees the library's launches
     assert {site: kw for site, kw in found.items() if kw} == {}
+
+
+def test_the_int_key_memo_gives_the_computed_keys():
+    """An int's key comes from a memo once seen: equal to the key computed afresh, for the
+    edges Triton specialises on, and the memo stays bounded."""
+    from gdn_core.ops import launch
+
+    edges = [0, 1, 2, 15, 16, -16, 2**31 - 1, 2**31, -(2**31), -(2**31) - 1, 2**63 - 1,
+             2**63, -(2**63)]
+    fresh = [launch._int_key(v) for v in edges]
+    launch._INT_KEYS.clear()
+    assert [launch._int_key(v) for v in edges] == fresh
+    assert [launch._INT_KEYS[v] for v in edges] == fresh
+    for v in range(launch._INT_KEYS_MAX + 10):
+        launch._int_key(v)
+    assert len(launch._INT_KEYS) <= launch._INT_KEYS_MAX

@@ -70,6 +70,21 @@ _Tensor = torch.Tensor
 _Parameter = torch.nn.Parameter
 
 
+_INT_KEYS: dict[int, int] = {}  # memo of _int_key: a launch's ints repeat call to call
+_INT_KEYS_MAX = 4096
+
+
+def _int_key(v: int) -> int:
+    """What Triton specialises an int on, as bits: equal to 1, a multiple of 16, within
+    int32, within int64 (neither: unsigned 64); remembered in ``_INT_KEYS``."""
+    k = ((v == 1) | ((v & 15) == 0) << 1 | (_I32_LO <= v < _I32_HI) << 2
+         | (_I64_LO <= v < _I64_HI) << 3)
+    if len(_INT_KEYS) >= _INT_KEYS_MAX:
+        _INT_KEYS.clear()
+    _INT_KEYS[v] = k
+    return k
+
+
 class _Same:
     """Wraps an object so that it hashes and compares by identity."""
 
@@ -153,10 +168,11 @@ class CachedLauncher:
                 ptr = v.data_ptr()
                 key.append((v.dtype, (ptr & 15) == 0, v.is_cuda))
                 head[i] = ptr
-            elif cls is int:  # what Triton specialises an int on, as bits: equal to 1,
-                # a multiple of 16, within int32, within int64 (neither: unsigned 64)
-                key.append((v == 1) | ((v & 15) == 0) << 1 | (_I32_LO <= v < _I32_HI) << 2
-                           | (_I64_LO <= v < _I64_HI) << 3)
+            elif cls is int:
+                k = _INT_KEYS.get(v)
+                if k is None:
+                    k = _int_key(v)
+                key.append(k)
             elif cls is float:
                 key.append("fp32")
             elif cls is bool:
