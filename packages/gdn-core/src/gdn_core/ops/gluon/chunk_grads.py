@@ -291,8 +291,7 @@ def _zero_short_chunk(q_s, k_s, v_s, vn_s, do_s, du_s, a_s, n, BT: gl.constexpr,
 
 
 @gluon.jit
-def _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
-                    BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr):
+def _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale):
     """Phase A, after the caller issued ``dp = dO V'ᵀ`` then ``qk = Q Kᵀ``: ``ds = dP ⊙ D ·
     scale`` stored to ``ds_s``; ``Mo = ds ⊙ Q Kᵀ`` returned (its crossing sums are formed
     in :func:`_phase_a_values`, while that phase's products run)."""
@@ -362,7 +361,6 @@ def _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c):
 
 @gluon.jit
 def _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
-             BT: gl.constexpr, SCAN: gl.constexpr, R64: gl.constexpr,
              E_OVER_DT: gl.constexpr = False):
     """Phase C: ``E' = (−Tᵀ dT Tᵀ) ⊙ e`` on the strict lower triangle into ``e_s`` and
     ``diag(β) E'`` into ``eb_s``, ``K Kᵀ``, and ``Mw = E' ⊙ diag(β) K Kᵀ`` returned (the
@@ -533,8 +531,7 @@ def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_de
     mbarrier.wait(bars.index(0), ph)
     dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
     qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
-    mo = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale,
-                         BT, SCAN, R64)
+    mo = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n, scale)
     mbarrier.wait(bars.index(1), ph)
     x1, db_v, cs_o = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV, mo,
                                      BT, V, L128, SCAN, R64)
@@ -546,8 +543,7 @@ def _head_grads(q_desc, k_desc, v_desc, vn_desc, do_desc, du_desc, h_desc, dh_de
     d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
 
     # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
-    mw = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
-                  SCAN, R64)
+    mw = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n)
 
     # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),
     #         C = Γ ⊙ (Tᵀ dW) + E' K; Mw's crossing sums while Tᵀ dW runs

@@ -266,7 +266,7 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         mbarrier.wait(b_qk, ph)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         mo = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
-                             scale, BT, SCAN, R64)
+                             scale)
         mbarrier.wait(b_a, ph)
         mbarrier.wait(b_uv, ph)
         x1, db_v, cs_o = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV,
@@ -285,8 +285,7 @@ def _chunk_grads_bwd_gluon_pipelined_kernel(
         d_t = _phase_b_dt(x1, dw_s, k_s, z64, b_c, gam_c)
 
         # ---- C: E' = (−Tᵀ dT Tᵀ) ⊙ e on the strict lower triangle; K Kᵀ; Mw's crossing sums
-        mw = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n, BT,
-                      SCAN, R64)
+        mw = _phase_c(d_t, dt_s, a_s, k_s, e_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n)
         cs_w = _crossing_sums(mw, BT, SCAN, R64)  # before D (at 255 registers)
 
         # ---- D: dK = kd ⊙ V' dSᵀ + (dP ⊙ D)ᵀ scale Q + β ⊙ C + E'ᵀ (βK),

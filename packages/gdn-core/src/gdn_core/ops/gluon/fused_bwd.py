@@ -291,7 +291,7 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
         dp = warpgroup_mma(do_s, vn_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         qk = warpgroup_mma(q_s, k_s.permute((1, 0)), z64, use_acc=False, is_async=True)
         mo = _phase_a_scores(dp, qk, do_s, vn_s, q_s, k_s, ds_s, rows, cols, g_r, g_c, n,
-                             scale, BT, SCAN, R64)
+                             scale)
         x1, db_v, cs_o = _phase_a_values(a_s, du_s, v_s, z64, z128, dv, p_s, b_r128, n, HV,
                                          mo, BT, V, L128, SCAN, R64)
         _stamp(stamps, slot, 3, STAMPS)
@@ -312,7 +312,7 @@ def _grads_partition(q_desc, k_desc, v_desc, vn_desc, a_desc, h_desc,
         _stamp(stamps, slot, 4, STAMPS)
         # ---- C: E', diag(β) E', K Kᵀ, Mw's crossing sums
         mw = _phase_c(d_t, dt_s, a_s, k_s, dt_s, eb_s, z64, rows, cols, g_r, g_c, b_r, n,
-                      BT, SCAN, R64, True)  # E' over dT Tᵀ
+                      True)  # E' over dT Tᵀ
         e_s = dt_s
         _stamp(stamps, slot, 5, STAMPS)
         # ---- D: dK (the state term from dS16_{c+1} in the dS tile); after its first

@@ -23,7 +23,6 @@ except Exception:  # noqa: BLE001 - the kernels' modules report Gluon's absence 
     gl = None
     TensorDescriptor = None
 
-
 __all__ = ["descriptor", "ensure_context", "rows_view"]
 
 _TMA_ALIGN = 16  # bytes: TMA's base-address and stride granularity
