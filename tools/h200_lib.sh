@@ -28,6 +28,15 @@
 #                      Nsight Compute (on PATH or under /opt/nvidia) with the clocks left
 #                      alone, --profile-from-start off and NCU_SECTIONS, on ARGS (ncu
 #                      options, then the command) into $LOG/LOGFILE; its status (1: no ncu)
+#   ncu_details SECONDS NAME ARGS...
+#                      ncu_run with NCU_DETAIL_SECTIONS (throughput, warp states, scheduler,
+#                      launch, occupancy, memory) on ARGS into $LOG/NAME.ncu-rep, its details
+#                      page exported as $LOG/details.csv (the report removed), the headline
+#                      metrics printed
+#   host_vs_fla SITE MODES...
+#                      host_overhead_gpu.py at B1 T1024 against fla's own Triton kernels
+#                      (--fla-force; fla from SITE, nothing else added to the path) once per
+#                      MODE ("" or --backward-on-caller) into $LOG/host_T1024_fla<MODE>.txt
 #   pack STEP          $LOG into $OUT/<TAG>_<STEP>.tgz (what comes back)
 set -u
 export PYTHONUNBUFFERED=1
@@ -137,6 +146,31 @@ ncu_run() {
   # shellcheck disable=SC2086 # NCU_SECTIONS is a list of options
   timeout "$secs" "$ncu" --clock-control none --profile-from-start off $NCU_SECTIONS "$@" \
     > "$LOG/$log" 2>&1
+}
+
+NCU_DETAIL_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+  --section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis"
+
+ncu_details() {
+  local secs=$1 name=$2 ncu
+  shift 2
+  NCU_SECTIONS=$NCU_DETAIL_SECTIONS ncu_run "$secs" ncu.log -f -o "$LOG/$name" "$@"
+  echo "ncu exit $?"; tail -3 "$LOG/ncu.log"
+  ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 60 "$ncu" -i "$LOG/$name.ncu-rep" --page details --csv > "$LOG/details.csv" 2>&1
+  echo "details exit $?"; rm -f "$LOG/$name.ncu-rep"
+  grep -E '"(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction|No Eligible|Registers Per Thread|Achieved Occupancy|Block Size|Grid Size)"' \
+    "$LOG/details.csv" | cut -d, -f5,13,15 | cut -c1-150 | head -80
+}
+
+host_vs_fla() {
+  local site=$1 mode
+  shift
+  for mode in "$@"; do
+    PYTHONPATH="$PYTHONPATH:$site" timeout 110 python3 benchmarks/host_overhead_gpu.py \
+      --no-graph --iters 100 --repeats 3 --fla-force $mode > "$LOG/host_T1024_fla${mode}.txt" 2>&1
+    echo "host $mode exit $?"; grep -vi warning "$LOG/host_T1024_fla${mode}.txt" | tail -7
+  done
 }
 
 pack() {

@@ -11,7 +11,11 @@
 #   call 2 (~450 s): CALL_LIMIT=500 bash tools/h200_s26_validate.sh 2
 #       every gpu-marked test of the four GDN packages, the host profile at B1 T1024, the
 #       CUDA bits check in what is left
-#   calls 3 and 4 (the anchors, wheels carried as in h200_s25_validate.sh 5 and 6)
+#   call 5 (~250 s, carry [".whl-fla"]): CALL_LIMIT=520 bash tools/h200_s26_validate.sh 5
+#       the tests call 2 lost to out-of-memory, then the host against fla (ran without
+#       --fla-force: fla's arm refused; call 6 repeated it by hand with it, see the results)
+#   call 7 (~30 s): CALL_LIMIT=220 bash tools/h200_s26_validate.sh 7
+#       Nsight Compute on the one-tile and the persistent chunk-gradient kernels
 TAG=s26
 source "$(dirname "$0")/h200_lib.sh"
 NEW_PATH=$PYTHONPATH
@@ -84,47 +88,14 @@ step5() {
 # call 7: Nsight Compute on one launch each of the one-tile and the persistent chunk-gradient
 # kernels (why prefetching the next tile loses), the details page as CSV
 step7() {
-  NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats \
---section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis" \
-    ncu_run 170 ncu.log -f -o "$LOG/cg" -k regex:"chunk_grads_bwd_gluon" \
-    python3 tools/ncu_chunk_grads_once.py
-  echo "ncu exit $?"; tail -3 "$LOG/ncu.log"
-  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 40 "$ncu" -i "$LOG/cg.ncu-rep" --page details --csv > "$LOG/details.csv" 2>&1
-  echo "details exit $?"; rm -f "$LOG/cg.ncu-rep"
-  grep -E "Duration|Executed Ipc A|Issue Slots Busy|No Eligible|Warp Cycles Per Issued|Stall|Registers Per|Achieved Occupancy|DRAM Throughput|Memory Throughput" \
-    "$LOG/details.csv" | cut -d, -f5,13- | cut -c1-150 | head -60
-}
-step3() { install_base; }
-step4() { anchors_step; }
-
-# call 6 (after call 3 on the same warm machine, carry [".whl", ".whl-fla"]): the anchors, lean —
-# det against FlashQLA at the six shapes, then the host at B1 T1024 against fla's Triton
-# kernels with autograd's device thread and with every arm's backward on the calling thread
-step6() {
-  install_anchors || return 1
-  local base=$PYTHONPATH
-  export PYTHONPATH="$base:/tmp/site:/tmp/site-base"
-  timeout 330 python3 benchmarks/bench_gdn_train.py --arms det --compare flashqla --warmup 5 \
-    --iters 20 --shapes "$SHAPES6" --acc-shapes "B1,T512,H16" --warm-compile-jobs 6 \
-    --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
-  echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla )" "$LOG/qla.md" | cut -c1-200
-  for mode in "" --backward-on-caller; do
-    PYTHONPATH="$base:/tmp/site-fla:/tmp/site-base:/tmp/site" timeout 100 python3 \
-      benchmarks/host_overhead_gpu.py --no-graph --iters 100 --repeats 3 $mode \
-      > "$LOG/host_T1024_fla${mode}.txt" 2>&1
-    echo "host $mode exit $?"; cat "$LOG/host_T1024_fla${mode}.txt"
-  done
+  ncu_details 170 cg -k regex:"chunk_grads_bwd_gluon" python3 tools/ncu_chunk_grads_once.py
 }
 
 case "${1:-}" in
   1) step1 ;;
   2) step2 ;;
-  3) step3 ;;
-  4) step4 ;;
   5) step5 ;;
-  6) step6 ;;
   7) step7 ;;
-  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|3|4|5|6|7"; exit 2 ;;
+  *) echo "usage: bash tools/h200_s26_validate.sh 1|2|5|7"; exit 2 ;;
 esac
 pack "$1"

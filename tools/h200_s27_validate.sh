@@ -26,27 +26,15 @@ step2() {
     --json "$LOG/qla.json" > "$LOG/qla.md" 2>&1
   echo "qla exit $?"; grep -E "^\[.*(shape|det |flashqla )" "$LOG/qla.md" | cut -c1-200
   export PYTHONPATH=$base
-  for mode in "" --backward-on-caller; do
-    PYTHONPATH="$base:/tmp/site-fla" timeout 100 python3 benchmarks/host_overhead_gpu.py \
-      --no-graph --iters 100 --repeats 3 --fla-force $mode > "$LOG/host_T1024_fla${mode}.txt" 2>&1
-    echo "host $mode exit $?"; grep -vi warning "$LOG/host_T1024_fla${mode}.txt" | tail -7
-  done
+  host_vs_fla /tmp/site-fla "" --backward-on-caller
   timeout 60 python3 benchmarks/host_costs_probe.py > "$LOG/host_costs.txt" 2>&1
   echo "host costs exit $?"; cat "$LOG/host_costs.txt"
 }
 
 step3() {
   [[ -d /tmp/site ]] || { echo "no /tmp/site: run calls 1 and 2 first, in one warm window"; return 1; }
-  NCU_SECTIONS="--section SpeedOfLight --section WarpStateStats --section SchedulerStats \
---section LaunchStats --section Occupancy --section MemoryWorkloadAnalysis" \
-    PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base" ncu_run 200 ncu.log -f -o "$LOG/qs" \
-    python3 tools/ncu_flashqla_step_once.py
-  echo "ncu exit $?"; tail -3 "$LOG/ncu.log"
-  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 60 "$ncu" -i "$LOG/qs.ncu-rep" --page details --csv > "$LOG/details.csv" 2>&1
-  echo "details exit $?"; rm -f "$LOG/qs.ncu-rep"
-  grep -E '"(Duration|DRAM Throughput|Warp Cycles Per Issued Instruction|Registers Per Thread|Block Size|Grid Size)"' \
-    "$LOG/details.csv" | cut -d, -f5,13,15 | cut -c1-140 | head -80
+  (export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base"
+   ncu_details 200 qs python3 tools/ncu_flashqla_step_once.py)
   PROFILE=0 SUITE_WORKERS=${SUITE_WORKERS:-6} TEST_TIMEOUT=360 suite_step
 }
 
