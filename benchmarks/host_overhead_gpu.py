@@ -269,10 +269,7 @@ def main() -> None:
             for x in args_of:
                 x.grad = None
             o = fn(*args_of)[0]
-            if args.backward_on_caller:
-                with torch.autograd.set_multithreading_enabled(False):
-                    o.backward(do)
-            else:
+            with torch.autograd.set_multithreading_enabled(not args.backward_on_caller):
                 o.backward(do)
 
         for _ in range(args.warmup):
