@@ -4,9 +4,11 @@ Each row times ``--n`` back-to-back repetitions of one piece and prints µs a pi
 
 * ``torch.empty``: one ``[1024, 16, 128]`` bf16 allocation (the caching allocator's hit);
 * ``gluon descriptor``: one :func:`gdn_core.ops.gluon.tma.descriptor` of a ``[T·H, 128]``
-  bf16 tensor with a ``[64, 64]`` block (built per launch for each TMA operand), and
-  ``rows_view`` + a descriptor of a ``[T, H, 128]`` one (``--device cpu``: only these two
-  rows, whose Python is the same off the GPU);
+  bf16 tensor with a ``[64, 64]`` block (built per launch for each TMA operand), one of a
+  ``[T, H, 128]`` one (described as ``[T, H·128]`` rows without making the view: the
+  launchers' path since session 28), and ``rows_view`` + a descriptor of it (the path of a
+  view that is not contiguous) (``--device cpu``: only these rows, whose Python is the same
+  off the GPU);
 * ``cached launch``: an empty kernel with 24 arguments (12 tensors, 12 ints) through
   :class:`gdn_core.ops.launch.CachedLauncher`;
 * ``compiled.run``: the same kernel through the compiled launcher alone (addresses as
@@ -63,13 +65,14 @@ def _us(piece, n: int) -> float:
 
 
 def _descriptor_rows(device: str) -> dict:
-    """The Gluon descriptor rows: one descriptor of a 2-D tensor, and ``rows_view`` + a
-    descriptor of a ``[1024, 16, 128]`` one (what each TMA operand of a launch costs)."""
+    """The Gluon descriptor rows: one descriptor of a 2-D tensor, one of a ``[1024, 16,
+    128]`` one, and ``rows_view`` + a descriptor of it (what each TMA operand costs)."""
     try:
         from gdn_core.ops.gluon.tma import descriptor, rows_view
         t = torch.empty(1024 * 16, 128, device=device, dtype=torch.bfloat16)
         x = torch.empty(1024, 16, 128, device=device, dtype=torch.bfloat16)
         return {"gluon descriptor [64,64] block": lambda: descriptor(t, [64, 64]),
+                "descriptor [1024,16,128]": lambda: descriptor(x, [64, 128]),
                 "rows_view + descriptor [1024,16,128]": lambda: descriptor(rows_view(x),
                                                                            [64, 128])}
     except Exception as e:  # noqa: BLE001 - no Gluon here: the rows are left out

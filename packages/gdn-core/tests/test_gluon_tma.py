@@ -60,3 +60,43 @@ def test_contiguous_fast_path_is_the_general_view(shape):
     want = x.as_strided((shape[0], x.numel() // shape[0]), (x.numel() // shape[0], 1))
     assert got.shape == want.shape and got.stride() == want.stride()
     assert got.data_ptr() == want.data_ptr() and torch.equal(got, want)
+
+
+def _fields(desc):
+    return (desc.base.data_ptr(), desc.base.dtype, tuple(desc.shape), tuple(desc.strides),
+            list(desc.block_shape), desc.padding)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.zeros(128, 2, 64, dtype=torch.bfloat16),       # contiguous, 3-D
+    lambda: torch.zeros(256, 128, dtype=torch.float16),          # contiguous, 2-D
+    lambda: torch.zeros(128, 3 * 128, dtype=torch.bfloat16)[:, 128:256].view(128, 2, 64),
+    lambda: torch.zeros(128 * 128 + 1, dtype=torch.bfloat16)[1:].view(128, 128),  # unaligned
+], ids=["contiguous-3d", "contiguous-2d", "packed-view", "unaligned-copy"])
+def test_descriptor_is_the_one_from_tensor_builds_over_rows_view(make):
+    """``descriptor(x)`` (built without the 2-D view where ``x`` is contiguous and aligned)
+    describes what ``TensorDescriptor.from_tensor(rows_view(x), block, layout)`` does, at
+    the same address, and carries the key the launch cache computes from its fields."""
+    hopper = pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    from gdn_core.ops import launch
+
+    x = make()
+    got = descriptor(x, [64, 128])
+    want = hopper.TensorDescriptor.from_tensor(rows_view(x), [64, 128], got.layout)
+    if x.data_ptr() % 16:  # the aligned copy is fresh each time: all but the address agree
+        assert got.base.data_ptr() % 16 == 0 and got.base.data_ptr() != x.data_ptr()
+        assert _fields(got)[1:] == _fields(want)[1:]
+    else:  # described in place, the packed view at its own row stride
+        assert got.base.data_ptr() == x.data_ptr()
+        assert _fields(got) == _fields(want)
+    key = launch.descriptor_key(got)
+    del got._gdn_key
+    assert launch.descriptor_key(got) == key
+
+
+def test_descriptor_of_an_empty_tensor_raises_as_the_constructor_does():
+    pytest.importorskip("triton.experimental.gluon.nvidia.hopper")
+    with pytest.raises(AssertionError):
+        descriptor(torch.zeros(0, 128, dtype=torch.bfloat16), [64, 128])
+    with pytest.raises((AssertionError, ValueError)):  # a block Triton refuses
+        descriptor(torch.zeros(64, 128, dtype=torch.bfloat16), [64, 100])

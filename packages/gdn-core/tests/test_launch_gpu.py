@@ -113,3 +113,37 @@ def test_a_cpu_tensor_after_cached_cuda_launches_gets_tritons_error():
     _call(cached, x, x)
     with pytest.raises(ValueError, match="cpu tensor"):
         _call(cached, x.cpu(), x.cpu())
+
+
+def test_a_cached_descriptor_launch_computes_what_tritons_launch_computes():
+    """A Gluon launch with TMA descriptors takes the cached path with each descriptor's
+    encoded map remembered per address and geometry: on new inputs, on inputs at the
+    address of freed ones, and against the same launch through Triton's own path (cache
+    emptied), the bits agree."""
+    from gdn_core.chunking import ChunkIndex
+    from gdn_core.ops.gluon import available
+    from gdn_core.testkit import offsets_of, state_fwd_inputs
+
+    if not available():
+        pytest.skip("Gluon on an sm_90 GPU is not available here")
+    from gdn_core.ops.gluon import fused_fwd
+
+    lengths = [64, 200, 1]
+    index = ChunkIndex.build(offsets_of(lengths), "cuda")
+
+    def run(seed):
+        p = state_fwd_inputs(lengths, 2, 2, 128, 128, torch.bfloat16, seed=seed)
+        args = [p[x].cuda() for x in ("q", "k", "W", "U", "G")]
+        return fused_fwd.chunk_fwd_fused_gluon(*args, 0.125, index, 1)[0]
+
+    kernel = fused_fwd._FUSED_FWD_GLUON_KERNEL
+    if not kernel._fast:
+        pytest.skip("the launch cache is off here")
+    first = run(0)
+    cached = [run(1), run(2)]  # the second at the addresses the first freed, likely
+    entry = next(iter(kernel._cache.values()))
+    assert entry.c_launch is not None and entry.desc_meta  # the direct path served them
+    kernel._cache.clear()
+    launch._EXPANDED.clear()
+    assert torch.equal(run(1), cached[0]) and torch.equal(run(2), cached[1])
+    assert not torch.equal(first, cached[0])  # other inputs, other bits: the test can fail

@@ -32,13 +32,16 @@ import) turns the cache off, for comparison.
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["FAST_LAUNCH_ENV", "CachedLauncher", "cached_launch", "slow_launches"]
+__all__ = ["FAST_LAUNCH_ENV", "ByIdentity", "CachedLauncher", "cached_launch", "descriptor_key",
+           "slow_launches"]
 
 #: ``0`` turns the launch cache off (every launch through ``kernel[grid]``)
 FAST_LAUNCH_ENV = "GDN_CORE_FAST_LAUNCH"
@@ -64,6 +67,11 @@ try:  # Gluon's host TMA descriptor (Triton 3.6): specialised on dtype, block an
 except Exception:  # noqa: BLE001 - no Gluon: such an argument never appears
     _GluonDescriptor = None
 
+try:  # how Triton's launcher turns a descriptor into launch values (Triton 3.6, CUDA)
+    from triton.backends.nvidia.driver import make_tensordesc_arg as _make_tensordesc_arg
+except Exception:  # noqa: BLE001 - no such helper: a descriptor launch goes through run
+    _make_tensordesc_arg = None
+
 _I32_LO, _I32_HI, _I64_LO, _I64_HI = -(2**31), 2**31, -(2**63), 2**63
 _UNSUPPORTED = object()
 _Tensor = torch.Tensor
@@ -85,7 +93,13 @@ def _int_key(v: int) -> int:
     return k
 
 
-class _Same:
+def _int_keys(ints: tuple) -> tuple:
+    keys = tuple(map(_INT_KEYS.get, ints))
+    return keys if None not in keys else tuple(
+        k if k is not None else _int_key(v) for k, v in zip(keys, ints))
+
+
+class ByIdentity:
     """Wraps an object so that it hashes and compares by identity."""
 
     __slots__ = ("obj",)
@@ -97,7 +111,105 @@ class _Same:
         return id(self.obj)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Same) and other.obj is self.obj
+        return isinstance(other, ByIdentity) and other.obj is self.obj
+
+
+def descriptor_key(desc: Any) -> tuple:
+    """What a Gluon descriptor argument specialises a kernel on: its dtype, block shape
+    and shared layout (the layout, unhashable, by identity, held by the key so that its
+    id is not reused). A descriptor built by :mod:`gdn_core.ops.gluon.tma` carries its
+    key already (``_gdn_key``)."""
+    key = getattr(desc, "_gdn_key", None)
+    if key is None:
+        key = ("desc", desc.base.dtype, tuple(desc.block_shape), ByIdentity(desc.layout))
+    return key
+
+
+def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
+    """``args -> tuple(args[i] for i in positions)``, in C (an ``itemgetter``)."""
+    if not positions:
+        return lambda args: ()
+    if len(positions) == 1:
+        i = positions[0]
+        return lambda args: (args[i],)
+    return operator.itemgetter(*positions)
+
+
+class _Layout:
+    """How to key and launch the calls of one kernel whose positional arguments have one
+    tuple of classes: which positions hold tensors, ints, descriptors and constexprs
+    (each picked in C), and how to put the tensors' addresses back in place."""
+
+    __slots__ = ("tensors", "ints", "consts", "descs", "desc_at", "merge")
+
+    def __init__(self, tensors: list[int], ints: list[int], consts: list[int],
+                 descs: list[int], n_args: int) -> None:
+        self.tensors, self.ints = _picker(tensors), _picker(ints)
+        self.consts, self.descs = _picker(consts), _picker(descs)
+        self.desc_at = tuple(descs)
+        others = [i for i in range(n_args) if i not in set(tensors)]
+        # the launch's positional values: the addresses then the other arguments, put in
+        # signature order by one more itemgetter
+        slot = {i: n for n, i in enumerate(tensors)}
+        slot.update({i: len(tensors) + n for n, i in enumerate(others)})
+        self.merge = (_picker([slot[i] for i in range(n_args)]), _picker(others))
+
+
+_TENSOR_TYPES = (_Tensor, _Parameter)
+_PLAIN = (float, bool, type(None))
+_data_ptr = _Tensor.data_ptr
+_dtype_of = operator.attrgetter("dtype")
+_is_cuda = operator.attrgetter("is_cuda")
+_FIFTEEN = itertools.repeat(15)
+
+
+class _Entry:
+    """A compiled specialisation: the kernel, the values of the parameters after the
+    positional ones, and (when its launcher allows) the C launch function itself with
+    what a descriptor argument expands to."""
+
+    __slots__ = ("compiled", "tail", "c_launch", "coop", "pdl", "desc_meta")
+
+    def __init__(self, compiled: Any, tail: tuple, desc_at: tuple[int, ...]) -> None:
+        self.compiled, self.tail = compiled, tail
+        self.c_launch = self.desc_meta = None
+        self.coop = self.pdl = False
+        run = compiled.run
+        if (getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)
+                or not hasattr(run, "launch")):
+            return  # scratch to allocate per launch, or another launcher: compiled.run
+        launch, metas = run.launch, None
+        if getattr(launch, "__name__", "") == "inner":  # descriptors: Triton's wrapper
+            cells = dict(zip(launch.__code__.co_freevars,
+                             (c.cell_contents for c in launch.__closure__ or ())))
+            metas = cells.get("tensordesc_meta")
+            launch = cells.get("launcher")
+            if (launch is None or _make_tensordesc_arg is None or not metas
+                    or len(metas) != len(desc_at) or any(m is None for m in metas)
+                    or sorted(cells.get("tensordesc_indices", ())) != list(desc_at)):
+                return
+            metas = tuple((m, repr(sorted(m.items()))) for m in metas)
+        elif desc_at:
+            return
+        self.c_launch, self.desc_meta = launch, metas
+        self.coop, self.pdl = bool(run.launch_cooperative_grid), bool(run.launch_pdl)
+
+
+_EXPANDED: dict[tuple, tuple] = {}  # (address, shape, strides, metadata) -> launch values
+_EXPANDED_MAX = 4096
+
+
+def _expand(desc: Any, meta: tuple[dict, tuple]) -> tuple:
+    """The values Triton's launcher passes for a Gluon descriptor argument: the encoded
+    ``CUtensorMap`` (one ``cuTensorMapEncodeTiled`` per address and geometry, remembered:
+    it depends on nothing else), the shape and the strides."""
+    key = (desc.base.data_ptr(), tuple(desc.shape), tuple(desc.strides), meta[1])
+    got = _EXPANDED.get(key)
+    if got is None:
+        if len(_EXPANDED) >= _EXPANDED_MAX:
+            _EXPANDED.clear()
+        got = _EXPANDED[key] = tuple(_make_tensordesc_arg(desc, meta[0]))
+    return got
 
 
 class CachedLauncher:
@@ -119,8 +231,8 @@ class CachedLauncher:
         self._runtime_names = frozenset(
             p.name for p in params if not p.is_constexpr)
         self._defaults = tuple(p.default if p.has_default else _UNSUPPORTED for p in params)
-        # key -> (compiled kernel, the values of the parameters after the positional ones)
-        self._cache: dict[tuple, tuple[Any, tuple]] = {}
+        self._layouts: dict[tuple, _Layout | None] = {}  # classes of the positional args
+        self._cache: dict[tuple, _Entry] = {}
         #: launches on the fast-path machinery that went through ``kernel[grid]`` because
         #: the call has no key (a runtime argument by keyword, an argument of another
         #: kind): each pays Triton's binding again; a host benchmark reports the sum
@@ -144,6 +256,25 @@ class CachedLauncher:
             values.append(v)
         return tuple(values)
 
+    def _layout(self, classes: tuple) -> _Layout | None:
+        """The :class:`_Layout` of positional arguments of these classes (``None``: one
+        is of a kind the fast path does not key)."""
+        tensors, ints, consts, descs = [], [], [], []
+        for i, (cls, const) in enumerate(zip(classes, self._constexpr)):
+            if const:
+                consts.append(i)
+            elif cls in _TENSOR_TYPES or issubclass(cls, _Tensor):
+                tensors.append(i)
+            elif cls is int:
+                ints.append(i)
+            elif cls in _PLAIN:
+                pass  # Triton specialises a float, a bool, None on the kind alone
+            elif cls is _GluonDescriptor and cls is not None:
+                descs.append(i)
+            else:
+                return None
+        return _Layout(tensors, ints, consts, descs, len(classes))
+
     def call_key(self, device: int, args: tuple,
                  kwargs: dict[str, Any]) -> tuple[tuple | None, list[Any]]:
         """The cache key of a call (``None``: the call takes Triton's path) and the values
@@ -152,66 +283,73 @@ class CachedLauncher:
         it makes for a tensor object; a tensor that is not on CUDA keys apart, so that
         Triton's own path reports it).
 
-        The key holds the device, the number of positional arguments, the keyword
-        arguments as given (constexprs and launch options: their values), each positional
-        constexpr's value and each positional runtime argument's class (:mod:`the module
-        docstring <gdn_core.ops.launch>`)."""
+        The key holds the device, the classes of the positional arguments, the keyword
+        arguments as given (constexprs and launch options: their values), and what
+        Triton specialises the positional ones on (:mod:`the module docstring
+        <gdn_core.ops.launch>`): the positional constexprs' values, each tensor's dtype,
+        address modulo 16 and whether it is on CUDA, each int's :func:`_int_key` bits and
+        each descriptor's :func:`descriptor_key`. Every part is gathered in C (one
+        ``itemgetter`` or ``map`` per kind), so the Python work of a key does not grow
+        with the number of arguments."""
+        key, head, _ = self._key(device, args, kwargs)
+        return key, list(head)
+
+    def _key(self, device: int, args: tuple, kwargs: dict[str, Any]):
         if len(args) > len(self._names) or not self._runtime_names.isdisjoint(kwargs):
-            return None, list(args)
-        key: list[Any] = [device, len(args), tuple(kwargs.items())]
-        head = list(args)
-        for i, (v, const) in enumerate(zip(args, self._constexpr)):
-            cls = v.__class__
-            if const:
-                key.append(v)
-            elif cls is _Tensor or cls is _Parameter or isinstance(v, _Tensor):
-                ptr = v.data_ptr()
-                key.append((v.dtype, (ptr & 15) == 0, v.is_cuda))
-                head[i] = ptr
-            elif cls is int:
-                k = _INT_KEYS.get(v)
-                if k is None:
-                    k = _int_key(v)
-                key.append(k)
-            elif cls is float:
-                key.append("fp32")
-            elif cls is bool:
-                key.append("u1")
-            elif v is None:
-                key.append("none")
-            elif cls is _GluonDescriptor and cls is not None:
-                # Triton's type names the block's dtype, shape and shared layout; the base
-                # address, shape and strides are filled in at each launch. The layout
-                # (unhashable) keys by identity, held by the key so its id is not reused.
-                key.append(("desc", v.base.dtype, tuple(v.block_shape), _Same(v.layout)))
-            else:
-                return None, head
-        return tuple(key), head
+            return None, args, None
+        classes = tuple(map(type, args))
+        lay = self._layouts.get(classes, _UNSUPPORTED)
+        if lay is _UNSUPPORTED:
+            lay = self._layouts[classes] = self._layout(classes)
+        if lay is None:
+            return None, args, None
+        tensors = lay.tensors(args)
+        ptrs = tuple(map(_data_ptr, tensors))
+        key = (device, classes, tuple(kwargs.items()), lay.consts(args),
+               tuple(map(_dtype_of, tensors)), tuple(map(operator.and_, ptrs, _FIFTEEN)),
+               tuple(map(_is_cuda, tensors)), _int_keys(lay.ints(args)),
+               tuple(map(descriptor_key, lay.descs(args))))
+        order, others = lay.merge
+        return key, order(ptrs + others(args)), lay
 
     def _launch(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
         if _HOOKS[0].calls or _HOOKS[1].calls:  # a profiler is listening: Triton's path
             return self.kernel[grid](*args, **kwargs)
         device = torch.cuda.current_device()
-        key, head = self.call_key(device, args, kwargs)
+        key, head, lay = self._key(device, args, kwargs)
         try:
             entry = None if key is None else self._cache.get(key)
         except TypeError:  # an unhashable constexpr or option
             key = entry = None
         if entry is None:
-            if key is None:
-                self.unkeyed_calls += 1
-            compiled = self.kernel[grid](*args, **kwargs)
-            tail = None if key is None else self.tail(len(args), kwargs)
-            if tail is not None and getattr(compiled, "function", None) is not None:
-                if len(self._cache) >= _MAX_ENTRIES:
-                    self._cache.clear()
-                self._cache[key] = (compiled, tail)
-            return compiled
-        compiled, tail = entry
+            return self._first_launch(grid, key, lay, args, kwargs)
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
-        compiled.run(grid[0], g1, g2, _raw_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *head, *tail)
+        compiled = entry.compiled
+        if entry.c_launch is None:
+            compiled.run(grid[0], g1, g2, _raw_stream(device), compiled.function,
+                         compiled.packed_metadata, None, None, None, *head, *entry.tail)
+            return compiled
+        if entry.desc_meta:  # each descriptor becomes its encoded map, shape and strides
+            head = list(head)
+            for at, meta in zip(reversed(lay.desc_at), reversed(entry.desc_meta)):
+                head[at:at + 1] = _expand(head[at], meta)
+        entry.c_launch(grid[0], g1, g2, _raw_stream(device), compiled.function, entry.coop,
+                       entry.pdl, None, None, compiled.packed_metadata, None, None, None,
+                       *head, *entry.tail)
+        return compiled
+
+    def _first_launch(self, grid: tuple[int, ...], key: tuple | None, lay: _Layout | None,
+                      args: tuple, kwargs: dict[str, Any]) -> Any:
+        """Launch through Triton (compiling if needed) and remember what it ran."""
+        if key is None:
+            self.unkeyed_calls += 1
+        compiled = self.kernel[grid](*args, **kwargs)
+        tail = None if key is None else self.tail(len(args), kwargs)
+        if tail is not None and getattr(compiled, "function", None) is not None:
+            if len(self._cache) >= _MAX_ENTRIES:
+                self._cache.clear()
+            self._cache[key] = _Entry(compiled, tail, lay.desc_at)
         return compiled
 
 

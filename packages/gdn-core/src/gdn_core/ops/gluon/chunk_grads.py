@@ -149,7 +149,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.gluon.tma import descriptor
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
@@ -673,15 +673,15 @@ def _descriptors(q, k, v, v_new, h, dh, do, du, A_inv) -> dict:
     K, V = q.shape[-1], v.shape[-1]
     BT = A_inv.shape[-1]
     return dict(
-        q_desc=descriptor(rows_view(q), [BT, K]),
-        k_desc=descriptor(rows_view(k), [BT, K]),
-        v_desc=descriptor(rows_view(v), [BT, V]),
-        vn_desc=descriptor(rows_view(v_new), [BT, V]),
-        do_desc=descriptor(rows_view(do), [BT, V]),
-        du_desc=descriptor(rows_view(du), [BT, V]),
-        h_desc=descriptor(rows_view(h.flatten(0, 2)), [K, V]),
-        dh_desc=descriptor(rows_view(dh.flatten(0, 2)), [K, V]),
-        a_desc=descriptor(rows_view(A_inv), [BT, BT]),
+        q_desc=descriptor(q, [BT, K]),
+        k_desc=descriptor(k, [BT, K]),
+        v_desc=descriptor(v, [BT, V]),
+        vn_desc=descriptor(v_new, [BT, V]),
+        do_desc=descriptor(do, [BT, V]),
+        du_desc=descriptor(du, [BT, V]),
+        h_desc=descriptor(h.flatten(0, 2), [K, V]),
+        dh_desc=descriptor(dh.flatten(0, 2), [K, V]),
+        a_desc=descriptor(A_inv, [BT, BT]),
     )
 
 

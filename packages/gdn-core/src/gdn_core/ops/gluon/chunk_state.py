@@ -309,14 +309,14 @@ def _descriptors(k, W, U, h, v_new, BV: int) -> dict:
     :mod:`tools.sm90_report`); without ``h`` / ``v_new`` (not stored) a descriptor of the
     same block over ``k`` / ``U`` stands in (never used)."""
     K = k.shape[-1]
-    u_desc = descriptor(rows_view(U), [_BT, BV])
+    u_desc = descriptor(U, [_BT, BV])
     return dict(
-        k_desc=descriptor(rows_view(k), [_BT, K]),
-        w_desc=descriptor(rows_view(W), [_BT, K]),
+        k_desc=descriptor(k, [_BT, K]),
+        w_desc=descriptor(W, [_BT, K]),
         u_desc=u_desc,
         h_desc=descriptor(rows_view(h.flatten(0, 2)) if h is not None else rows_view(k),
                           [K, BV]),
-        v_desc=descriptor(rows_view(v_new), [_BT, BV]) if v_new is not None else u_desc,
+        v_desc=descriptor(v_new, [_BT, BV]) if v_new is not None else u_desc,
     )
 
 

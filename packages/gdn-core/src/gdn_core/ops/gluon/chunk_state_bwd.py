@@ -98,7 +98,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.gluon.tma import descriptor
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
@@ -313,13 +313,13 @@ def _descriptors(q, k, W, do, dv_local, dv, dh, BV: int) -> dict:
     ``K·V`` elements a row group when nothing is stored)."""
     K, V = q.shape[-1], do.shape[-1]
     return dict(
-        q_desc=descriptor(rows_view(q), [_BT, K]),
-        k_desc=descriptor(rows_view(k), [_BT, K]),
-        w_desc=descriptor(rows_view(W), [_BT, K]),
-        do_desc=descriptor(rows_view(do), [_BT, BV]),
-        dvl_desc=descriptor(rows_view(dv_local), [_BT, BV]),
-        dv_desc=descriptor(rows_view(dv), [_BT, BV]),
-        dh_desc=descriptor(rows_view(dh.reshape(-1, V)), [K, BV]),
+        q_desc=descriptor(q, [_BT, K]),
+        k_desc=descriptor(k, [_BT, K]),
+        w_desc=descriptor(W, [_BT, K]),
+        do_desc=descriptor(do, [_BT, BV]),
+        dvl_desc=descriptor(dv_local, [_BT, BV]),
+        dv_desc=descriptor(dv, [_BT, BV]),
+        dh_desc=descriptor(dh.reshape(-1, V), [K, BV]),
     )
 
 

@@ -82,7 +82,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.gluon.tma import descriptor
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
@@ -242,9 +242,9 @@ def _require_gluon_sm90(device: torch.device) -> None:
 def _descriptors(q: torch.Tensor, k: torch.Tensor, do: torch.Tensor, dv: torch.Tensor) -> dict:
     """TMA descriptors of the kernel: ``[64, 128]`` tiles of ``q, k [T, H·K]`` and of
     ``do, dv [T, HV·V]`` (``dv`` contiguous: it is the result buffer)."""
-    return dict(q_desc=descriptor(rows_view(q), [_BT, _K]),
-                k_desc=descriptor(rows_view(k), [_BT, _K]),
-                do_desc=descriptor(rows_view(do), [_BT, _V]),
+    return dict(q_desc=descriptor(q, [_BT, _K]),
+                k_desc=descriptor(k, [_BT, _K]),
+                do_desc=descriptor(do, [_BT, _V]),
                 dv_desc=descriptor(dv.view(dv.shape[0], -1), [_BT, _V]))
 
 

@@ -475,14 +475,14 @@ def _descriptors(q, k, v, v_new, W, do, h, A_inv) -> dict:
     :mod:`tools.sm90_report`); ``q``/``k`` may be given as their 2-D views already."""
     K, V = _K, _V
     return dict(
-        q_desc=descriptor(rows_view(q), [_BT, K]),
-        k_desc=descriptor(rows_view(k), [_BT, K]),
-        v_desc=descriptor(rows_view(v), [_BT, V]),
-        vn_desc=descriptor(rows_view(v_new), [_BT, V]),
-        w_desc=descriptor(rows_view(W), [_BT, K]),
-        do_desc=descriptor(rows_view(do), [_BT, V]),
-        h_desc=descriptor(rows_view(h.flatten(0, 2)), [K, V]),
-        a_desc=descriptor(rows_view(A_inv), [_BT, _BT]),
+        q_desc=descriptor(q, [_BT, K]),
+        k_desc=descriptor(k, [_BT, K]),
+        v_desc=descriptor(v, [_BT, V]),
+        vn_desc=descriptor(v_new, [_BT, V]),
+        w_desc=descriptor(W, [_BT, K]),
+        do_desc=descriptor(do, [_BT, V]),
+        h_desc=descriptor(h.flatten(0, 2), [K, V]),
+        a_desc=descriptor(A_inv, [_BT, _BT]),
     )
 
 

@@ -77,7 +77,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.gluon.tma import descriptor
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
@@ -326,11 +326,11 @@ def gluon_fused_fwd_supported(q: torch.Tensor, k: torch.Tensor, W: torch.Tensor,
 def _descriptors(q, k, W, U, o) -> dict:
     """TMA descriptors of the ``[64, 128]`` tiles (CPU tensors suffice, for
     :mod:`tools.sm90_report`): q, k of ``[T, H·K]``; W, U, o of ``[T, HV·128]``."""
-    return dict(q_desc=descriptor(rows_view(q), [_BT, _K]),
-                k_desc=descriptor(rows_view(k), [_BT, _K]),
-                w_desc=descriptor(rows_view(W), [_BT, _K]),
-                u_desc=descriptor(rows_view(U), [_BT, _V]),
-                o_desc=descriptor(rows_view(o), [_BT, _V]))
+    return dict(q_desc=descriptor(q, [_BT, _K]),
+                k_desc=descriptor(k, [_BT, _K]),
+                w_desc=descriptor(W, [_BT, _K]),
+                u_desc=descriptor(U, [_BT, _V]),
+                o_desc=descriptor(o, [_BT, _V]))
 
 
 @launcher(uses_atomics=False, kernels=(_fused_fwd_gluon_kernel,))

@@ -84,7 +84,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.gluon.tma import descriptor
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
@@ -275,10 +275,10 @@ def chunk_output_fwd_gluon(
     if NT == 0 or HV == 0 or T == 0:
         return o
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
-    q_desc = descriptor(rows_view(q), [_BT, K])
-    k_desc = descriptor(rows_view(k), [_BT, K])
-    v_desc = descriptor(rows_view(v_new), [_BT, V])
-    h_desc = descriptor(rows_view(h.flatten(0, 2)), [K, V])
+    q_desc = descriptor(q, [_BT, K])
+    k_desc = descriptor(k, [_BT, K])
+    v_desc = descriptor(v_new, [_BT, V])
+    h_desc = descriptor(h.flatten(0, 2), [K, V])
     _CHUNK_OUTPUT_FWD_GLUON_KERNEL[(NT, HV)](
         q_desc, k_desc, v_desc, h_desc, G, o, index.chunk_start, index.chunk_len, float(scale), HV,
         GROUP=group, K=K, V=V, BT=_BT, num_warps=GLUON_OUTPUT_WARPS,

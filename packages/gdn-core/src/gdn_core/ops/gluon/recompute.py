@@ -81,7 +81,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.gluon.tma import descriptor
 from gdn_core.ops.gluon.wy import check_wy_inputs
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
@@ -299,12 +299,12 @@ def _descriptors(k, v, A_inv, W, h, v_new) -> dict:
     """TMA descriptors (CPU tensors suffice, for :mod:`tools.sm90_report`): k of
     ``[T, H·128]``, v, W, v_new of ``[T, HV·128]`` in ``[64, 128]`` tiles, the inverse of
     ``[T, HV·64]`` in ``[64, 64]`` tiles, h of ``[NT·HV·128, 128]`` in ``[128, 128]`` tiles."""
-    return dict(k_desc=descriptor(rows_view(k), [_BT, _K]),
-                v_desc=descriptor(rows_view(v), [_BT, _V]),
-                a_desc=descriptor(rows_view(A_inv), [_BT, _BT]),
-                w_desc=descriptor(rows_view(W), [_BT, _K]),
+    return dict(k_desc=descriptor(k, [_BT, _K]),
+                v_desc=descriptor(v, [_BT, _V]),
+                a_desc=descriptor(A_inv, [_BT, _BT]),
+                w_desc=descriptor(W, [_BT, _K]),
                 h_desc=descriptor(h.view(-1, h.shape[-1]), [_K, _V]),
-                vn_desc=descriptor(rows_view(v_new), [_BT, _V]))
+                vn_desc=descriptor(v_new, [_BT, _V]))
 
 
 @launcher(uses_atomics=False, kernels=(_recompute_gluon_kernel,))

@@ -16,12 +16,18 @@ import threading
 
 import torch
 
+from gdn_core.ops.launch import ByIdentity
+
 try:  # Triton 3.6's Gluon; an older or CPU-only Triton may lack it: import must not fail
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 except Exception:  # noqa: BLE001 - the kernels' modules report Gluon's absence themselves
     gl = None
     TensorDescriptor = None
+try:  # the block-shape check TensorDescriptor makes (Triton's own, so the errors agree)
+    from triton._utils import validate_block_shape
+except Exception:  # noqa: BLE001 - another Triton: every descriptor through from_tensor
+    validate_block_shape = None
 
 __all__ = ["descriptor", "ensure_context", "rows_view"]
 
@@ -102,11 +108,58 @@ def _check(status: int, what: str) -> None:
         raise RuntimeError(f"{what} failed with CUDA driver error {status}")
 
 
-def descriptor(x2d: torch.Tensor, block: list[int]):
-    """A TMA descriptor over the 2-D 16-bit tensor ``x2d`` (see :func:`rows_view`) for
-    tiles of ``block``, in the NVMMA shared-memory layout a ``warpgroup_mma`` reads.
-    CPU tensors suffice (``tools/sm90_report.py`` builds them to compile); for a CUDA
-    tensor the thread gets a current context first (:func:`ensure_context`)."""
-    if x2d.is_cuda:
-        ensure_context(x2d.device)
-    return TensorDescriptor.from_tensor(x2d, block, _shared_layout(tuple(block), x2d.dtype))
+def descriptor(x: torch.Tensor, block: list[int]):
+    """A TMA descriptor over :func:`rows_view` of the 16-bit tensor ``x`` (``[R, *inner]``
+    as ``[R, prod(inner)]``; a 2-D ``x`` as it is) for tiles of ``block``, in the NVMMA
+    shared-memory layout a ``warpgroup_mma`` reads. CPU tensors suffice
+    (``tools/sm90_report.py`` builds them to compile); for a CUDA tensor the thread gets a
+    current context first (:func:`ensure_context`).
+
+    This is on every Gluon launch's path, so the common case — a contiguous ``x`` at a
+    16-byte aligned address — is described without making the 2-D view: the descriptor
+    is the one ``TensorDescriptor.from_tensor(rows_view(x), block, layout)`` builds (its
+    base ``x`` itself: TMA reads the address and the dtype), with the checks that
+    constructor repeats per call made here instead, the block's once per (block, dtype).
+    It carries its launch-cache key (:func:`gdn_core.ops.launch.descriptor_key`).
+
+    Raises:
+        AssertionError: what ``TensorDescriptor`` raises for a geometry TMA cannot
+            address (an empty tensor, a bad block shape).
+    """
+    if x.is_cuda:
+        ensure_context(x.device)
+    block = tuple(block)
+    layout, key = _tile_spec(block, x.dtype)
+    rows = x.shape[0]
+    if rows > 0 and validate_block_shape is not None and x.is_contiguous():
+        width = x.numel() // rows
+        if (width > 0 and x.data_ptr() % _TMA_ALIGN == 0
+                and (width * x.element_size()) % _TMA_ALIGN == 0):
+            return _described(x, (rows, width), (width, 1), block, layout, key)
+    view = rows_view(x)
+    desc = TensorDescriptor.from_tensor(view, list(block), layout)
+    desc._gdn_key = key
+    return desc
+
+
+def _described(base: torch.Tensor, shape: tuple[int, int], strides: tuple[int, int],
+               block: tuple[int, ...], layout, key: tuple):
+    """``TensorDescriptor(base, shape, strides, block, layout)`` with its field checks
+    left out: the caller made them (:func:`descriptor`)."""
+    desc = _new_descriptor(TensorDescriptor)
+    desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=list(block),
+                         layout=layout, padding="zero", _gdn_key=key)
+    return desc
+
+
+_new_descriptor = object.__new__
+
+
+@functools.cache
+def _tile_spec(block: tuple[int, ...], dtype: torch.dtype) -> tuple:
+    """The shared layout of ``block`` tiles of ``dtype`` and the launch-cache key of a
+    descriptor of them; ``block`` checked as ``TensorDescriptor`` checks it."""
+    if validate_block_shape is not None:
+        validate_block_shape(list(block))
+    layout = _shared_layout(block, dtype)
+    return layout, ("desc", dtype, block, ByIdentity(layout))

@@ -135,7 +135,7 @@ from gdn_core.ops.gluon.lang import (
     warpgroup_mma,
     warpgroup_mma_wait,
 )
-from gdn_core.ops.gluon.tma import descriptor, rows_view
+from gdn_core.ops.gluon.tma import descriptor
 from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 
@@ -550,10 +550,10 @@ def _descriptors(k: torch.Tensor, v: torch.Tensor, W: torch.Tensor, U: torch.Ten
     """TMA descriptors of both kernels' ``[64, 128]`` tiles: K of the ``[T, H·K]`` view, V
     of ``[T, HV·V]`` (a packed-head view in place, :func:`~gdn_core.ops.gluon.tma.rows_view`),
     and the outputs W, U (``[T, HV·128]``, contiguous: TMA stores of whole chunks)."""
-    return dict(k_desc=descriptor(rows_view(k), [_BT, _K]),
-                v_desc=descriptor(rows_view(v), [_BT, _V]),
-                w_desc=descriptor(rows_view(W), [_BT, _K]),
-                u_desc=descriptor(rows_view(U), [_BT, _V]))
+    return dict(k_desc=descriptor(k, [_BT, _K]),
+                v_desc=descriptor(v, [_BT, _V]),
+                w_desc=descriptor(W, [_BT, _K]),
+                u_desc=descriptor(U, [_BT, _V]))
 
 
 def _small_inputs(beta: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -617,7 +617,7 @@ def wy_fwd_gluon(
     beta, G = _small_inputs(beta, G)
     descs = _descriptors(k, v, W, U)
     # the 16-bit inverse's TMA store (full chunks); otherwise an unused stand-in
-    a_desc = (descriptor(rows_view(A_inv), [_BT, _BT]) if store == 16 else descs["w_desc"])
+    a_desc = (descriptor(A_inv, [_BT, _BT]) if store == 16 else descs["w_desc"])
     # runtime arguments positionally, as cached_launch's fast path takes them (one by
     # keyword sends every call through Triton's argument binding)
     _WY_FWD_GLUON_KERNEL[(index.num_chunks, HV)](
@@ -679,7 +679,7 @@ def wy_apply_gluon(
     if A_inv.dtype != k.dtype:
         A_inv = A_inv.to(k.dtype)
     _WY_APPLY_GLUON_KERNEL[(index.num_chunks, HV)](
-        *_descriptors(k, v, W, U).values(), descriptor(rows_view(A_inv), [_BT, _BT]), beta,
+        *_descriptors(k, v, W, U).values(), descriptor(A_inv, [_BT, _BT]), beta,
         G, W, U, index.chunk_start, index.chunk_len, HV, GROUP=group, K=_K, V=_V, BT=_BT,
         num_warps=GLUON_WY_APPLY_WARPS, maxnreg=GLUON_WY_APPLY_MAXNREG,
     )
