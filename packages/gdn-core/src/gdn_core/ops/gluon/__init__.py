@@ -146,12 +146,18 @@ def pick(stage: str, triton_launcher: Callable, *probe) -> Callable:
     (the caller's, imported with its module: a @triton.jit kernel takes the
     interpreter only if ``TRITON_INTERPRET`` is set when its module is imported)."""
     if probe[0].is_cuda and requested(stage) and available():
-        module, name, supported = STAGES[stage]
-        path = f"{__name__}.{module}"
-        mod = importlib.import_module(path)  # import-check: allow-dynamic (STAGES)
-        if getattr(mod, supported)(*probe):
-            return getattr(mod, name)
+        gluon_launcher, supported = _stage_functions(stage)
+        if supported(*probe):
+            return gluon_launcher
     return triton_launcher
+
+
+@functools.cache
+def _stage_functions(stage: str) -> tuple[Callable, Callable]:
+    """``(Gluon launcher, supported)`` of ``stage``, its module imported on first use."""
+    module, name, supported = STAGES[stage]
+    mod = importlib.import_module(f"{__name__}.{module}")  # import-check: allow-dynamic (STAGES)
+    return getattr(mod, name), getattr(mod, supported)
 
 
 @functools.cache
