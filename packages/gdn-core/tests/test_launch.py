@@ -126,10 +126,8 @@ def test_a_cached_launch_passes_tensors_as_their_addresses(cached):
     assert head == [x.data_ptr(), y.data_ptr(), 7, 0.5, True, None]
     assert [*head, *cached.tail(len(args), {"BLOCK": 16})][-2:] == [16, "a"]
     assert args[0] is x  # the call's own arguments are left as they are
-    # a tensor off CUDA keys apart from a CUDA one (these are CPU: is_cuda False), and
-    # each tensor keys on its dtype and its address modulo 16
-    assert key[4:7] == ((torch.float32, torch.float16), (x.data_ptr() % 16, y.data_ptr() % 16),
-                        (False, False))
+    # a tensor off CUDA keys apart from a CUDA one (these are CPU: is_cuda False)
+    assert key[3] == (torch.float32, True, False)
 
 
 def _cached_launch_calls(source: str):

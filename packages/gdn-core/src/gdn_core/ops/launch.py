@@ -32,8 +32,6 @@ import) turns the cache off, for comparison.
 from __future__ import annotations
 
 import functools
-import itertools
-import operator
 import os
 from collections.abc import Callable
 from typing import Any
@@ -93,12 +91,6 @@ def _int_key(v: int) -> int:
     return k
 
 
-def _int_keys(ints: tuple) -> tuple:
-    keys = tuple(map(_INT_KEYS.get, ints))
-    return keys if None not in keys else tuple(
-        k if k is not None else _int_key(v) for k, v in zip(keys, ints))
-
-
 class ByIdentity:
     """Wraps an object so that it hashes and compares by identity."""
 
@@ -125,53 +117,15 @@ def descriptor_key(desc: Any) -> tuple:
     return key
 
 
-def _picker(positions: list[int]) -> Callable[[tuple], tuple]:
-    """``args -> tuple(args[i] for i in positions)``, in C (an ``itemgetter``)."""
-    if not positions:
-        return lambda args: ()
-    if len(positions) == 1:
-        i = positions[0]
-        return lambda args: (args[i],)
-    return operator.itemgetter(*positions)
-
-
-class _Layout:
-    """How to key and launch the calls of one kernel whose positional arguments have one
-    tuple of classes: which positions hold tensors, ints, descriptors and constexprs
-    (each picked in C), and how to put the tensors' addresses back in place."""
-
-    __slots__ = ("tensors", "ints", "consts", "descs", "desc_at", "merge")
-
-    def __init__(self, tensors: list[int], ints: list[int], consts: list[int],
-                 descs: list[int], n_args: int) -> None:
-        self.tensors, self.ints = _picker(tensors), _picker(ints)
-        self.consts, self.descs = _picker(consts), _picker(descs)
-        self.desc_at = tuple(descs)
-        others = [i for i in range(n_args) if i not in set(tensors)]
-        # the launch's positional values: the addresses then the other arguments, put in
-        # signature order by one more itemgetter
-        slot = {i: n for n, i in enumerate(tensors)}
-        slot.update({i: len(tensors) + n for n, i in enumerate(others)})
-        self.merge = (_picker([slot[i] for i in range(n_args)]), _picker(others))
-
-
-_TENSOR_TYPES = (_Tensor, _Parameter)
-_PLAIN = (float, bool, type(None))
-_data_ptr = _Tensor.data_ptr
-_dtype_of = operator.attrgetter("dtype")
-_is_cuda = operator.attrgetter("is_cuda")
-_FIFTEEN = itertools.repeat(15)
-
-
 class _Entry:
     """A compiled specialisation: the kernel, the values of the parameters after the
     positional ones, and (when its launcher allows) the C launch function itself with
     what a descriptor argument expands to."""
 
-    __slots__ = ("compiled", "tail", "c_launch", "coop", "pdl", "desc_meta")
+    __slots__ = ("compiled", "tail", "desc_at", "c_launch", "coop", "pdl", "desc_meta")
 
     def __init__(self, compiled: Any, tail: tuple, desc_at: tuple[int, ...]) -> None:
-        self.compiled, self.tail = compiled, tail
+        self.compiled, self.tail, self.desc_at = compiled, tail, desc_at
         self.c_launch = self.desc_meta = None
         self.coop = self.pdl = False
         run = compiled.run
@@ -231,7 +185,6 @@ class CachedLauncher:
         self._runtime_names = frozenset(
             p.name for p in params if not p.is_constexpr)
         self._defaults = tuple(p.default if p.has_default else _UNSUPPORTED for p in params)
-        self._layouts: dict[tuple, _Layout | None] = {}  # classes of the positional args
         self._cache: dict[tuple, _Entry] = {}
         #: launches on the fast-path machinery that went through ``kernel[grid]`` because
         #: the call has no key (a runtime argument by keyword, an argument of another
@@ -256,25 +209,6 @@ class CachedLauncher:
             values.append(v)
         return tuple(values)
 
-    def _layout(self, classes: tuple) -> _Layout | None:
-        """The :class:`_Layout` of positional arguments of these classes (``None``: one
-        is of a kind the fast path does not key)."""
-        tensors, ints, consts, descs = [], [], [], []
-        for i, (cls, const) in enumerate(zip(classes, self._constexpr)):
-            if const:
-                consts.append(i)
-            elif cls in _TENSOR_TYPES or issubclass(cls, _Tensor):
-                tensors.append(i)
-            elif cls is int:
-                ints.append(i)
-            elif cls in _PLAIN:
-                pass  # Triton specialises a float, a bool, None on the kind alone
-            elif cls is _GluonDescriptor and cls is not None:
-                descs.append(i)
-            else:
-                return None
-        return _Layout(tensors, ints, consts, descs, len(classes))
-
     def call_key(self, device: int, args: tuple,
                  kwargs: dict[str, Any]) -> tuple[tuple | None, list[Any]]:
         """The cache key of a call (``None``: the call takes Triton's path) and the values
@@ -283,46 +217,50 @@ class CachedLauncher:
         it makes for a tensor object; a tensor that is not on CUDA keys apart, so that
         Triton's own path reports it).
 
-        The key holds the device, the classes of the positional arguments, the keyword
-        arguments as given (constexprs and launch options: their values), and what
-        Triton specialises the positional ones on (:mod:`the module docstring
-        <gdn_core.ops.launch>`): the positional constexprs' values, each tensor's dtype,
-        address modulo 16 and whether it is on CUDA, each int's :func:`_int_key` bits and
-        each descriptor's :func:`descriptor_key`. Every part is gathered in C (one
-        ``itemgetter`` or ``map`` per kind), so the Python work of a key does not grow
-        with the number of arguments."""
-        key, head, _ = self._key(device, args, kwargs)
-        return key, list(head)
-
-    def _key(self, device: int, args: tuple, kwargs: dict[str, Any]):
+        The key holds the device, the number of positional arguments, the keyword
+        arguments as given (constexprs and launch options: their values), each positional
+        constexpr's value and each positional runtime argument's class (:mod:`the module
+        docstring <gdn_core.ops.launch>`; a descriptor's: :func:`descriptor_key`)."""
         if len(args) > len(self._names) or not self._runtime_names.isdisjoint(kwargs):
-            return None, args, None
-        classes = tuple(map(type, args))
-        lay = self._layouts.get(classes, _UNSUPPORTED)
-        if lay is _UNSUPPORTED:
-            lay = self._layouts[classes] = self._layout(classes)
-        if lay is None:
-            return None, args, None
-        tensors = lay.tensors(args)
-        ptrs = tuple(map(_data_ptr, tensors))
-        key = (device, classes, tuple(kwargs.items()), lay.consts(args),
-               tuple(map(_dtype_of, tensors)), tuple(map(operator.and_, ptrs, _FIFTEEN)),
-               tuple(map(_is_cuda, tensors)), _int_keys(lay.ints(args)),
-               tuple(map(descriptor_key, lay.descs(args))))
-        order, others = lay.merge
-        return key, order(ptrs + others(args)), lay
+            return None, list(args)
+        key: list[Any] = [device, len(args), tuple(kwargs.items())]
+        head = list(args)
+        for i, (v, const) in enumerate(zip(args, self._constexpr)):
+            cls = v.__class__
+            if const:
+                key.append(v)
+            elif cls is _Tensor or cls is _Parameter or isinstance(v, _Tensor):
+                ptr = v.data_ptr()
+                key.append((v.dtype, (ptr & 15) == 0, v.is_cuda))
+                head[i] = ptr
+            elif cls is int:
+                k = _INT_KEYS.get(v)
+                if k is None:
+                    k = _int_key(v)
+                key.append(k)
+            elif cls is float:
+                key.append("fp32")
+            elif cls is bool:
+                key.append("u1")
+            elif v is None:
+                key.append("none")
+            elif cls is _GluonDescriptor and cls is not None:
+                key.append(descriptor_key(v))
+            else:
+                return None, head
+        return tuple(key), head
 
     def _launch(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> Any:
         if _HOOKS[0].calls or _HOOKS[1].calls:  # a profiler is listening: Triton's path
             return self.kernel[grid](*args, **kwargs)
         device = torch.cuda.current_device()
-        key, head, lay = self._key(device, args, kwargs)
+        key, head = self.call_key(device, args, kwargs)
         try:
             entry = None if key is None else self._cache.get(key)
         except TypeError:  # an unhashable constexpr or option
             key = entry = None
         if entry is None:
-            return self._first_launch(grid, key, lay, args, kwargs)
+            return self._first_launch(grid, key, args, kwargs)
         g1 = grid[1] if len(grid) > 1 else 1
         g2 = grid[2] if len(grid) > 2 else 1
         compiled = entry.compiled
@@ -331,16 +269,15 @@ class CachedLauncher:
                          compiled.packed_metadata, None, None, None, *head, *entry.tail)
             return compiled
         if entry.desc_meta:  # each descriptor becomes its encoded map, shape and strides
-            head = list(head)
-            for at, meta in zip(reversed(lay.desc_at), reversed(entry.desc_meta)):
+            for at, meta in zip(reversed(entry.desc_at), reversed(entry.desc_meta)):
                 head[at:at + 1] = _expand(head[at], meta)
         entry.c_launch(grid[0], g1, g2, _raw_stream(device), compiled.function, entry.coop,
                        entry.pdl, None, None, compiled.packed_metadata, None, None, None,
                        *head, *entry.tail)
         return compiled
 
-    def _first_launch(self, grid: tuple[int, ...], key: tuple | None, lay: _Layout | None,
-                      args: tuple, kwargs: dict[str, Any]) -> Any:
+    def _first_launch(self, grid: tuple[int, ...], key: tuple | None, args: tuple,
+                      kwargs: dict[str, Any]) -> Any:
         """Launch through Triton (compiling if needed) and remember what it ran."""
         if key is None:
             self.unkeyed_calls += 1
@@ -349,7 +286,9 @@ class CachedLauncher:
         if tail is not None and getattr(compiled, "function", None) is not None:
             if len(self._cache) >= _MAX_ENTRIES:
                 self._cache.clear()
-            self._cache[key] = _Entry(compiled, tail, lay.desc_at)
+            # equal keys put descriptors at equal positions (their key parts are tagged)
+            desc_at = tuple(i for i, v in enumerate(args) if v.__class__ is _GluonDescriptor)
+            self._cache[key] = _Entry(compiled, tail, desc_at)
         return compiled
 
 

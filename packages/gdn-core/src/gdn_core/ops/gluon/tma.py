@@ -146,13 +146,10 @@ def _described(base: torch.Tensor, shape: tuple[int, int], strides: tuple[int, i
                block: tuple[int, ...], layout, key: tuple):
     """``TensorDescriptor(base, shape, strides, block, layout)`` with its field checks
     left out: the caller made them (:func:`descriptor`)."""
-    desc = _new_descriptor(TensorDescriptor)
+    desc = object.__new__(TensorDescriptor)
     desc.__dict__.update(base=base, shape=shape, strides=strides, block_shape=list(block),
                          layout=layout, padding="zero", _gdn_key=key)
     return desc
-
-
-_new_descriptor = object.__new__
 
 
 @functools.cache
