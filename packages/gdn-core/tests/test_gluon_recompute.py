@@ -1,8 +1,9 @@
 """The backward's one-launch recompute (``gdn_core.ops.gluon.recompute``) without a GPU: it
-imports, it is declared atomic-free and run only where named (neither the default nor
-``all`` asks for it), it refuses what it does not serve (``ValueError``) and devices it
-cannot run on (``RuntimeError``) before compiling anything, and CPU tensors keep the Triton
-pair. The kernel itself: ``test_gluon_recompute_gpu.py``."""
+imports, it is declared atomic-free and a default stage (unset or named, not by ``all``,
+which runs the Gluon ``wy_apply`` and state kernels instead), it refuses what it does not
+serve (``ValueError``) and devices it cannot run on (``RuntimeError``) before compiling
+anything, and CPU tensors keep the Triton pair. The kernel itself:
+``test_gluon_recompute_gpu.py``."""
 
 from __future__ import annotations
 
@@ -22,11 +23,13 @@ def _args(T=70, H=1, group=2, K=128, V=128, dtype=torch.bfloat16, v_dtype=None,
             torch.zeros(T, HV, 64, dtype=a_dtype or dtype), index, group)
 
 
-def test_declared_atomic_free_and_named_only(monkeypatch):
+def test_declared_atomic_free_and_a_default(monkeypatch):
     info = rc.chunk_recompute_gluon.launcher_info
     assert info.uses_atomics is False and info.kernels == (rc._recompute_gluon_kernel,)
-    assert "recompute" in gluon.BY_NAME_ONLY and "recompute" not in gluon.DEFAULT_STAGES
+    assert "recompute" in gluon.BY_NAME_ONLY and "recompute" in gluon.DEFAULT_STAGES
     monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
+    assert gluon.requested("recompute")
+    monkeypatch.setenv(gluon.GLUON_ENV, "grads,wy")
     assert not gluon.requested("recompute")
     monkeypatch.setenv(gluon.GLUON_ENV, "all")
     assert not gluon.requested("recompute")

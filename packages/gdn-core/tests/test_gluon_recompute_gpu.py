@@ -8,8 +8,8 @@ and ``v_new`` bitwise equal, for packed documents with short last chunks and an 
 group 1 and 2, bf16 and fp16, with entry states (and once without); ``v`` read in place as
 a view of a packed projection; bitwise repeatable; a NaN in one document's rows (which the
 short chunk before it reads through TMA) staying in that document. Then the deterministic
-API with the stage named against the default: outputs and every gradient bitwise equal,
-and the kernel ran.
+API by default (the stage is a default) against the pair it replaces: outputs and every
+gradient bitwise equal, and the kernel ran.
 """
 
 from __future__ import annotations
@@ -126,10 +126,10 @@ def test_a_nan_stays_in_its_document():
 
 @pytest.mark.parametrize("lengths", [[8192], LENGTHS], ids=["1doc-8k-2segments", "packed"])
 def test_det_api_with_the_stage_named_keeps_every_bit(lengths, monkeypatch):
-    """The public deterministic call (L2 norm, entry and final states) with
-    ``GDN_CORE_GLUON`` = the default stages plus ``recompute`` against the default: ``o``,
-    the final state and every gradient bitwise equal, and the one-launch recompute ran
-    (``wy_apply`` did not)."""
+    """The public deterministic call (L2 norm, entry and final states) by default (the
+    one-launch recompute) against ``GDN_CORE_GLUON`` = the default stages less
+    ``recompute`` (the ``wy_apply`` + state pair): ``o``, the final state and every
+    gradient bitwise equal, and the default ran the recompute (``wy_apply`` did not)."""
     det = pytest.importorskip("gdn_det_train")
     from gdn_core.ops import gluon
     from gdn_core.ops.registry import record_launches
@@ -164,10 +164,11 @@ def test_det_api_with_the_stage_named_keeps_every_bit(lengths, monkeypatch):
         names = {x.name.rsplit(".", 1)[-1] for x in launches}
         return names, [o.detach(), ht.detach()] + [x.grad for x in leaves]
 
-    names_default, want = run(None)
+    names_default, got = run(None)
     # the default stages but fused_state (named, it would skip its program-count rule and
-    # run where the default runs the pair: the same bits, another path) plus recompute
-    names, got = run(",".join(sorted(gluon.DEFAULT_STAGES - {"fused_state"} | {"recompute"})))
-    assert "chunk_recompute_gluon" in names and "wy_apply" not in names, names
-    assert "chunk_recompute_gluon" not in names_default and "wy_apply" in names_default
+    # run where the default runs the pair: the same bits, another path) and recompute
+    names_pair, want = run(",".join(sorted(gluon.DEFAULT_STAGES - {"fused_state", "recompute"})))
+    assert "chunk_recompute_gluon" in names_default and "wy_apply" not in names_default, \
+        names_default
+    assert "chunk_recompute_gluon" not in names_pair and "wy_apply" in names_pair, names_pair
     _equal(got, want, ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0"))

@@ -26,7 +26,7 @@ def test_requested(monkeypatch, value, output, grads):
 def test_unset_means_the_default_stages(monkeypatch):
     monkeypatch.delenv(gluon.GLUON_ENV, raising=False)
     # fused_state where a launch has enough programs
-    want = {"grads", "fused_state", "wy", "fused_fwd"}
+    want = {"grads", "fused_state", "wy", "fused_fwd", "recompute"}
     assert {s for s in gluon.STAGES if gluon.requested(s)} == gluon.DEFAULT_STAGES == want
 
 
@@ -175,10 +175,10 @@ def test_switch_runs_the_gluon_kernels_end_to_end(monkeypatch):
 def test_the_default_runs_the_gluon_chunk_gradients(monkeypatch):
     """Unset, the variable means :data:`~gdn_core.ops.gluon.DEFAULT_STAGES`: a det
     forward+backward (bf16, K = V = 128, 2 documents, L2 norm) launches the one-tile Gluon
-    chunk-gradient kernel and the Gluon WY forward, with the bits of
-    ``GDN_CORE_GLUON=grads,wy``, within bf16 tolerance of ``none`` (the Triton kernels), and
-    nothing else from Gluon (the default ``fused_state`` needs 96 programs: here 2
-    documents × 2 heads keep the pair)."""
+    chunk-gradient kernel, the Gluon WY forward, the fused forward and the one-launch
+    recompute, with the bits of ``GDN_CORE_GLUON=grads,wy,fused_fwd,recompute``, within bf16
+    tolerance of ``none`` (the Triton kernels), and nothing else from Gluon (the default
+    ``fused_state`` needs 96 programs: here 2 documents × 2 heads keep the pair)."""
     from gdn_core.autograd import chunk_gdn_autograd
     from gdn_core.ops.registry import record_launches
 
@@ -207,8 +207,9 @@ def test_the_default_runs_the_gluon_chunk_gradients(monkeypatch):
 
     names, got = run(None)
     gluon_names = {n for n in names if n.endswith(("_gluon", "_gluon_pipelined"))}
-    assert gluon_names == {"chunk_grads_bwd_gluon", "wy_fwd_gluon", "chunk_fwd_fused_gluon"}, names
-    _, asked = run("grads,wy,fused_fwd")
+    assert gluon_names == {"chunk_grads_bwd_gluon", "wy_fwd_gluon", "chunk_fwd_fused_gluon",
+                           "chunk_recompute_gluon"}, names
+    _, asked = run("grads,wy,fused_fwd,recompute")
     _, triton = run("none")
     for a, b, c in zip(got, asked, triton):
         assert torch.equal(a, b)

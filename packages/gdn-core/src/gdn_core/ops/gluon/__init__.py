@@ -11,8 +11,8 @@ backward with ``dv_local`` inside, supersedes the ``dv_local`` + ``state_bwd`` p
 ``wy_apply`` + ``state`` pair in :func:`gdn_core.segment.segment_bwd_begin`). Unset or
 empty, it means
 :data:`DEFAULT_STAGES`: the stages measured faster end to end on the H200 (``grads``,
-``wy``, ``fused_fwd``, and ``fused_state`` where a launch has enough programs:
-:func:`gdn_core.ops.backward.pick_fused_state`);
+``wy``, ``fused_fwd``, ``recompute``, and ``fused_state`` where a launch has enough
+programs: :func:`gdn_core.ops.backward.pick_fused_state`);
 ``none`` keeps Triton everywhere. :func:`pick` chooses; elsewhere the Triton kernel runs,
 and a profile or ``record_launches`` shows which ran. A caller may also use a launcher
 directly (``gdn_core.ops.gluon.<module>.<launcher>``, :data:`STAGES` names them).
@@ -87,8 +87,13 @@ STAGES: dict[str, tuple[str, str, str]] = {
 #: the Triton WY, within its tolerance); ``fused_fwd``, the warp-specialised fused forward:
 #: the Triton fused forward's bits in 0.56-0.59x its time, det forward 0.80-0.87x at B4
 #: T8192 and at B1 T32768 in 8 documents with 16 and 32 value heads (session 21,
-#: ``benchmarks/results/2026-12-04-h200-s21.md``). The others were slower.
-DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy", "fused_fwd"})
+#: ``benchmarks/results/2026-12-04-h200-s21.md``); ``recompute``, the backward's W, h and
+#: v_new in one launch, bitwise the ``wy_apply`` + ``chunk_state_fwd`` pair it replaces and
+#: 0.19-0.41 ms less kernel time a det step at 16 and 32 value heads (sessions 22 and 24 on
+#: an H100, ``benchmarks/results/2026-12-05-h100-s22-recompute-timelines.md``), a default
+#: since session 29 with the whole GPU suite passing. The others were slower.
+DEFAULT_STAGES: frozenset[str] = frozenset({"grads", "fused_state", "wy", "fused_fwd",
+                                            "recompute"})
 
 #: stages ``all`` leaves out, run only where named or by default: ``fused_state`` supersedes
 #: the ``dv_local`` and ``state_bwd`` stages, whose Gluon kernels ``all`` runs; ``fused_fwd``
