@@ -27,13 +27,13 @@ the local ``dV'`` computed twice (once for the fold's first pass, once per slab)
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from gdn_core.chunking import ChunkIndex, chunk_index
+from gdn_core.switches import env_value
 
 __all__ = ["SLAB_ENV", "Slab", "finish_in_slabs", "plan_slabs", "slab_tokens"]
 
@@ -47,7 +47,7 @@ def slab_tokens() -> int:
     Raises:
         ValueError: the variable is not a non-negative integer.
     """
-    raw = os.environ.get(SLAB_ENV, "").strip()
+    raw = env_value(SLAB_ENV).strip()
     if not raw:
         return 0
     try:

@@ -37,12 +37,11 @@ check their arguments alike.
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from gdn_core.chunking import host_offsets, require_int_entries
 from gdn_core.gate import sum_partials_in_order, token_block_partials
+from gdn_core.switches import env_value
 
 __all__ = [
     "ACTIVATIONS",
@@ -210,10 +209,10 @@ def _use_kernels(x, weight, bias, halo) -> bool:
     tensors, or CPU ones with ``GDN_CORE_BACKEND=triton`` under ``TRITON_INTERPRET=1``
     (the tests); not with ``GDN_CORE_BACKEND=reference``, fp64, or a filter wider
     than the kernels unroll."""
-    backend = os.environ.get("GDN_CORE_BACKEND")
+    backend = env_value("GDN_CORE_BACKEND") or None
     if backend == "reference":
         return False
-    if not x.is_cuda and not (backend == "triton" and os.environ.get("TRITON_INTERPRET") == "1"):
+    if not x.is_cuda and not (backend == "triton" and env_value("TRITON_INTERPRET") == "1"):
         return False
     if any(t is not None and t.dtype == torch.float64 for t in (x, weight, bias, halo)):
         return False

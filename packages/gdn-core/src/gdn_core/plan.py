@@ -22,7 +22,6 @@ Backends (chosen here, once; the composition's callers never branch on it):
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from gdn_core.chunking import ChunkIndex, chunk_index
 from gdn_core.gate import validate_gate_params
 from gdn_core.hostcache import capturing, tensor_values
 from gdn_core.segment import SegmentLayout, choose_segment_size, resolve_segment_size
+from gdn_core.switches import env_value
 from gdn_core.validation import GDNShapes, validate_gdn_inputs
 
 __all__ = ["BACKENDS", "GDNPlan", "make_plan", "resolve_backend", "saved_state_rows"]
@@ -49,17 +49,17 @@ def resolve_backend(device: torch.device, dtype: torch.dtype, backend: str | Non
             without ``TRITON_INTERPRET=1``.
         TypeError: float64 inputs on the triton backend.
     """
-    backend = backend or os.environ.get("GDN_CORE_BACKEND") or None
+    backend = backend or env_value("GDN_CORE_BACKEND") or None
     if backend is not None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    elif device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+    elif device.type == "cuda" or env_value("TRITON_INTERPRET") == "1":
         backend = "triton"
     else:
         backend = "reference"
     if backend == "triton" and dtype == torch.float64:
         raise TypeError("float64 inputs run only on the reference backend (backend='reference')")
-    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+    if backend == "triton" and device.type != "cuda" and env_value("TRITON_INTERPRET") != "1":
         raise ValueError(
             f"the triton backend needs CUDA tensors or TRITON_INTERPRET=1, got device {device}"
         )
@@ -158,7 +158,6 @@ def make_plan(
                        ("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)):
         if not isinstance(flag, bool):  # "no" would switch the option on
             raise TypeError(f"{name} must be a bool, got {type(flag).__name__} {flag!r}")
-    env = os.environ
     offsets = None
     try:
         if isinstance(cu_seqlens, torch.Tensor):  # the dtype, rank and device count too
@@ -176,7 +175,7 @@ def make_plan(
             offsets, None if index is None else id(index), type(scale), scale,
             bool(output_final_state), bool(use_qk_l2norm_in_kernel), type(use_gate_in_kernel),
             use_gate_in_kernel, bool(deterministic), backend, type(segment_size), segment_size,
-            env.get("GDN_CORE_BACKEND"), env.get("TRITON_INTERPRET"),
+            env_value("GDN_CORE_BACKEND"), env_value("TRITON_INTERPRET"),
         )
         hash(key)
     except (AttributeError, TypeError, NotImplementedError, RuntimeError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 __all__ = ["BWD_ALIAS_ENV", "DOC_ORDER_ENV", "FUSED_FWD_ENV", "WY_INV_CHOICES", "WY_INV_ENV",
-           "switch_choice", "switch_setting"]
+           "env_value", "switch_choice", "switch_setting"]
 
 #: the forward's last phase (state recurrence and output) as one kernel (default: on where
 #: measured, :func:`gdn_core.segment.fused_fwd_wanted`)
@@ -41,6 +41,25 @@ WY_INV_ENV = "GDN_CORE_WY_INV"
 WY_INV_CHOICES = ("subst", "reg")
 
 
+_ENVIRON = os.environ
+_ENV_DATA = getattr(_ENVIRON, "_data", None)  # the encoded mapping os.environ keeps in step
+_ENV_KEYS: dict[str, object] = {}  # name -> its encoded key
+
+
+def env_value(name: str) -> str:
+    """The environment variable ``name`` as :data:`os.environ` holds it now (``""`` when
+    unset). Read from the encoded mapping ``os.environ`` keeps in step with itself, so a
+    switch read on every call costs ~0.05 µs instead of ``os.environ.get``'s ~0.85 µs (key
+    encoding and a caught ``KeyError`` for an unset name); the same value either way."""
+    if _ENV_DATA is None:  # another os.environ: its own lookup
+        return _ENVIRON.get(name, "")
+    key = _ENV_KEYS.get(name)
+    if key is None:
+        key = _ENV_KEYS[name] = _ENVIRON.encodekey(name)
+    raw = _ENV_DATA.get(key)
+    return "" if raw is None else _ENVIRON.decodevalue(raw)
+
+
 def switch_setting(name: str) -> bool | None:
     """``True`` / ``False`` where the environment variable ``name`` is ``1`` / ``0``;
     ``None`` where it is unset or empty (the caller's default).
@@ -48,7 +67,7 @@ def switch_setting(name: str) -> bool | None:
     Raises:
         ValueError: it is set to anything else.
     """
-    raw = os.environ.get(name, "").strip()
+    raw = env_value(name).strip()
     if raw not in ("", "0", "1"):
         raise ValueError(f"{name}={raw!r}: expected 0 or 1")
     return None if raw == "" else raw == "1"
@@ -61,7 +80,7 @@ def switch_choice(name: str, choices: tuple[str, ...], default: str) -> str:
     Raises:
         ValueError: it names anything else.
     """
-    raw = os.environ.get(name, "").strip()
+    raw = env_value(name).strip()
     if raw == "":
         return default
     if raw not in choices:

@@ -10,11 +10,11 @@ deterministic for a fixed shape.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from gdn_core.switches import env_value
 
 __all__ = ["GATE_ACTIVATIONS", "GatedRMSNorm", "rms_norm_gated", "rms_norm_gated_torch"]
 
@@ -41,9 +41,9 @@ def rms_norm_gated(
 
 
 def _use_kernel(x: torch.Tensor) -> bool:
-    if os.environ.get("GDN_CORE_BACKEND") == "reference" or x.dtype == torch.float64:
+    if env_value("GDN_CORE_BACKEND") == "reference" or x.dtype == torch.float64:
         return False
-    return x.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    return x.is_cuda or env_value("TRITON_INTERPRET") == "1"
 
 
 def rms_norm_gated_torch(x: torch.Tensor, gate: torch.Tensor | None, weight: torch.Tensor,

@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
 from collections.abc import Callable
+
+from gdn_core.switches import env_value
 
 __all__ = ["BY_NAME_ONLY", "DEFAULT_STAGES", "GLUON_ENV", "STAGES", "available", "named",
            "pick", "requested"]
@@ -113,7 +114,7 @@ def requested(stage: str) -> bool:
         ValueError: the variable names an unknown stage (a typo must not silently
             leave the Triton kernel in place).
     """
-    names = _stage_names(os.environ.get(GLUON_ENV, ""))
+    names = _stage_names(env_value(GLUON_ENV))
     return stage in names or ("all" in names and stage not in BY_NAME_ONLY)
 
 
@@ -124,7 +125,7 @@ def named(stage: str) -> bool:
     Raises:
         ValueError: as :func:`requested`.
     """
-    raw = os.environ.get(GLUON_ENV, "")
+    raw = env_value(GLUON_ENV)
     return stage in _stage_names(raw) and stage in {n.strip() for n in raw.split(",")}
 
 
