@@ -8,6 +8,11 @@
 #                           shapes, one run); issue 18's host time at B1 T1024 against fla's
 #                           Triton kernels (autograd's device thread; backward on the caller,
 #                           with the CUDA-graph replay beside it); the per-piece host costs
+#   3: carry .whl-base      install_base (nothing else: the next call needs .whl beside it)
+#   4: carry .whl           install FlashQLA; Nsight Compute details of one FlashQLA step
+#                           (its exact path) and one det step at B1 T32768 H16 in 8
+#                           documents (tools/ncu_flashqla_step_once.py); then the gpu-marked
+#                           tests of gdn-det-train and the Gluon routing (the env_value change)
 export TAG=s29
 source tools/h200_lib.sh
 case ${1:?call 1 or 2} in
@@ -39,4 +44,16 @@ case ${1:?call 1 or 2} in
     timeout 60 python3 benchmarks/host_costs_probe.py > "$LOG/host_costs.txt" 2>&1
     echo "costs exit $?"; cat "$LOG/host_costs.txt"
     pack call2 ;;
+  3)
+    install_base
+    pack call3 ;;
+  4)
+    [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: call 3 first, right before"; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    echo "flashqla install exit $?"
+    (export PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base"
+     ncu_details "${NCU_SECONDS:-250}" qs python3 tools/ncu_flashqla_step_once.py)
+    gpu_tests gpu_tests.log "${TEST_SECONDS:-120}" 6 packages/gdn-det-train/tests \
+      packages/gdn-core/tests/test_gluon_routing.py packages/gdn-core/tests/test_launch_gpu.py
+    pack call4 ;;
 esac
