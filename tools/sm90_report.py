@@ -406,8 +406,8 @@ def gluon_fused_fwd_reports() -> None:
               f"O_REGS={ff.GLUON_FUSED_FWD_O_REGS}")
         out = report_gluon(ff._fused_fwd_gluon_kernel, args,
                            dict(GROUP=HV // H, K=K, V=K, BT=64,
-                                STAGES=ff.GLUON_FUSED_FWD_STAGES, USE_H0=True, STORE_FINAL=True, O_REGS=ff.GLUON_FUSED_FWD_O_REGS,
-                                ORDERED=True),
+                                STAGES=ff.GLUON_FUSED_FWD_STAGES, USE_H0=True, STORE_FINAL=True,
+                                O_REGS=ff.GLUON_FUSED_FWD_O_REGS, ORDERED=True),
                            num_warps=8, maxnreg=ff._MAXNREG)
         print_specialised(out["ptx"])
 
