@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The next session's device calls (written at the end of session 29), back to back in one
+# warm window (the machine keeps /tmp only while warm, ~30 s idle):
+#
+#   call 1, no carry:                  bash tools/h200_s30_validate.sh 1
+#       det's kernel table per segment size (1024, 2048, 4096, none) at B1 T32768, B4 T8192
+#       and B1 T32768 in 8 equal documents: which kernels grow as segments shrink (the
+#       question of docs/performance.md, "Exact against exact")
+#   call 2, carry [".whl-base"]:       bash tools/h200_s30_validate.sh 2
+#   call 3, carry [".whl"]:            bash tools/h200_s30_validate.sh 3
+#       FlashQLA's kernel table at the same shapes and equal documents, with its default
+#       (approximate split where it chooses one), beside det's
+export TAG=s30
+source tools/h200_lib.sh
+case ${1:?call 1, 2 or 3} in
+  1)
+    timeout "${PROFILE_SECONDS:-400}" python3 benchmarks/profile_gdn.py \
+      --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 1024,2048,4096,0 \
+      --iters 10 --rows 16 > "$LOG/profile_det_segments.txt" 2>&1
+    echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det_segments.txt" | cut -c1-60,150-200
+    pack call1 ;;
+  2)
+    install_base
+    pack call2 ;;
+  3)
+    [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: call 2 first, right before"; exit 1; }
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+    echo "flashqla install exit $?"
+    PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base" timeout "${PROFILE_SECONDS:-400}" \
+      python3 benchmarks/profile_gdn.py --package flashqla \
+      --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 0 --iters 10 --rows 16 \
+      > "$LOG/profile_flashqla.txt" 2>&1
+    echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_flashqla.txt" | cut -c1-60,150-200
+    pack call3 ;;
+esac
