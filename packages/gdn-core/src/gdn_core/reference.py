@@ -29,6 +29,7 @@ __all__ = [
     "wy_ref",
     "chunk_states_ref",
     "chunk_output_ref",
+    "entry_state_queries_ref",
 ]
 
 
@@ -266,6 +267,57 @@ def chunk_output_ref(
         parts.append(_unchunk((inter + intra) * scale, eos - bos))
     if not parts:
         return v_new.new_zeros(0, *v_new.shape[1:])
+    return torch.cat(parts)
+
+
+def entry_state_queries_ref(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    W: torch.Tensor,
+    G: torch.Tensor,
+    scale: float,
+    bounds,
+    chunk_size: int = CHUNK_SIZE,
+) -> torch.Tensor:
+    """The queries of each document's entry state, ``q̃: [T,HV,K]``.
+
+    The outputs are affine in the state ``S_in`` a document starts from, row by row:
+    ``o_t(S_in) = o_t(0) + S_inᵀ q̃_t``. Through the document's own outputs, the gradient
+    of a loss with respect to ``S_in`` is therefore ``Σ_t q̃_t ⊗ do_t``
+    (``tests/test_entry_state_queries.py`` checks both against the token recurrence).
+
+    Per chunk ``c``: ``q̃_t = scale · Φ_{c-1}ᵀ (e^{G_t} q_t − Σ_{s ≤ t} (q_t·k_s)
+    e^{G_t − G_s} w_s)``. Here ``Φ_{c-1}`` is the transition from the document's start to
+    the chunk's start: the chunk-state recurrence of the identity with ``v = 0``, the ``M``
+    half of a segment summary ``[E | M]``. This is the fp32 reference of an exact split
+    with no second walk: a segment's outputs as its zero-entry outputs plus ``q̃ S_in``,
+    and its entry-state gradient as a token reduction instead of a reverse pass
+    (``docs/exact_split.md``).
+
+    ``q, k: [T,HV,K]`` (k expanded to the value heads), ``W: [T,HV,K]`` and
+    ``G: [T,HV]`` as :func:`wy_ref` and :func:`chunk_cumsum_ref` give them.
+    """
+    HV, K = k.shape[1], k.shape[2]
+    C = chunk_size
+    causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
+    eye = torch.eye(K, dtype=k.dtype, device=k.device).expand(1, HV, K, K)
+    parts = []
+    for bos, eos in bounds:
+        if eos == bos:
+            continue
+        doc = [(0, eos - bos)]
+        kd, Wd, Gd = k[bos:eos], W[bos:eos], G[bos:eos]
+        phi, _, _ = chunk_states_ref(kd, Wd, torch.zeros_like(Wd), Gd, doc, eye, C)
+        qc, kc, wc = (_doc_chunks(x, bos, eos, C) for x in (q, k, W))
+        Gc = _doc_chunks(G, bos, eos, C, edge_pad=True)
+        Gt = Gc.transpose(1, 2)
+        decay = (Gt[..., :, None] - Gt[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+        attn = torch.einsum("nihk,njhk->nhij", qc, kc) * decay
+        q_hat = qc * Gc.exp()[..., None] - torch.einsum("nhij,njhk->nihk", attn, wc)
+        q_tilde = torch.einsum("nhkj,nihk->nihj", phi, q_hat) * scale
+        parts.append(_unchunk(q_tilde, eos - bos))
+    if not parts:
+        return q.new_zeros(0, HV, K)
     return torch.cat(parts)
 
 
