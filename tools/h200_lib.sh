@@ -36,7 +36,8 @@
 #   host_vs_fla SITE MODES...
 #                      host_overhead_gpu.py at B1 T1024 against fla's own Triton kernels
 #                      (--fla-force; fla from SITE, nothing else added to the path) once per
-#                      MODE ("" or --backward-on-caller) into $LOG/host_T1024_fla<MODE>.txt
+#                      MODE ("" or --backward-on-caller) into $LOG/host_T1024_fla<MODE>.txt,
+#                      each within HOST_FLA_TIMEOUT (200) s
 #   pack STEP          $LOG into $OUT/<TAG>_<STEP>.tgz (what comes back)
 set -u
 export PYTHONUNBUFFERED=1
@@ -167,7 +168,8 @@ host_vs_fla() {
   local site=$1 mode
   shift
   for mode in "$@"; do
-    PYTHONPATH="$PYTHONPATH:$site" timeout 110 python3 benchmarks/host_overhead_gpu.py \
+    # fla autotunes its kernels on first use: 110 s was not always enough (session 29)
+    PYTHONPATH="$PYTHONPATH:$site" timeout "${HOST_FLA_TIMEOUT:-200}" python3 benchmarks/host_overhead_gpu.py \
       --no-graph --iters 100 --repeats 3 --fla-force $mode > "$LOG/host_T1024_fla${mode}.txt" 2>&1
     echo "host $mode exit $?"; grep -vi warning "$LOG/host_T1024_fla${mode}.txt" | tail -7
   done
