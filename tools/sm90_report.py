@@ -301,13 +301,14 @@ def gluon_state_reports() -> None:
                          num_warps=4)
         cfg = chunk_state_config(K, K, 2, programs=128)
         print(f"H={H} HV={HV} Triton BV={cfg['BV']}")
-        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order H HV
+        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order q out scale H HV
         report(_chunk_state_fwd_kernel, ["*bf16", "*bf16", "*bf16", "*fp32", "*fp32", "*bf16",
                                          "*bf16", "*fp32", "*i32", "*i32", "*i32", "*i32",
-                                         "i32:16", "i32:16"],
+                                         "*bf16", "*fp32", "fp32", "i32:16", "i32:16"],
                dict(K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                     USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
-                    STORE_FINAL=True, PREC="tf32", ORDERED=False),
+                    STORE_FINAL=True, PREC="tf32", ORDERED=False, GROUP=HV // H,
+                    STORE_OUT=False),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
 
 
@@ -582,24 +583,52 @@ def fused_fwd_reports() -> None:
             print(f"H={H} HV={HV} fused BV={bv}{tag}")
             # q k W U G h0 o ht doc_offsets doc_order scale (H, HV are constexpr)
             report(_chunk_fwd_fused_kernel, [bf] * 4 + [f32, f32, bf, f32, i32, i32, "fp32"],
-                   dict(H=H, HV=HV, K=K, V=K, BT=64, BK=cfg["BK"], BV=bv,
+                   dict(H=H, HV=HV, GROUP=HV // H, K=K, V=K, BT=64, BK=cfg["BK"], BV=bv,
                         USE_H0=True, STORE_FINAL=True, PREC="tf32", ORDERED=ordered),
                    num_warps=warps, num_stages=stages)
         cfg = chunk_state_config(K, K, 2, programs=128)
         print(f"H={H} HV={HV} Triton _chunk_state_fwd_kernel BV={cfg['BV']}")
-        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order H HV
+        # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order q out scale H HV
         report(_chunk_state_fwd_kernel, [bf] * 3 + [f32, f32, bf, bf, f32, i32, i32, i32, i32,
-                                                    hty, "i32:16"],
+                                                    bf, f32, "fp32", hty, "i32:16"],
                dict(K=K, V=K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"],
                     USE_H0=True, H0_EYE=False, HAS_NEED=False, STORE_H=True, STORE_VNEW=True,
-                    STORE_FINAL=True, PREC="tf32", ORDERED=False),
+                    STORE_FINAL=True, PREC="tf32", ORDERED=False, GROUP=HV // H,
+                    STORE_OUT=False),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
         cfg = chunk_output_config(K, K)
         print(f"H={H} HV={HV} Triton _chunk_output_fwd_kernel BK={cfg['BK']} BV={cfg['BV']}")
         # q k v_new h G o chunk_start chunk_len scale H HV
         report(_chunk_output_fwd_kernel, [bf] * 4 + [f32, bf, i32, i32, "fp32", hty, "i32:16"],
-               dict(K=K, V=K, BT=64, BK=cfg["BK"], BV=cfg["BV"], PREC="tf32"),
+               dict(GROUP=HV // H, K=K, V=K, BT=64, BK=cfg["BK"], BV=cfg["BV"], PREC="tf32"),
                num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+
+
+def summary_reports() -> None:
+    """The segment summary walk (``_chunk_state_fwd_kernel`` with ``[E | M]``: width
+    ``V + K``, an identity entry, ``need``) at its pinned configuration for 128+ programs,
+    bf16, K = V = 128, without and with the chunk outputs (``STORE_OUT``: ``o⁰`` and the
+    entry-state queries ``q̃``, ``docs/exact_split.md``)."""
+    from gdn_core.ops.chunk_state import _chunk_state_fwd_kernel, chunk_state_config
+
+    K = 128
+    bf, f32, i32 = "*bf16", "*fp32", "*i32"
+    cfg = chunk_state_config(K, 2 * K, 2, programs=128)
+    for H, HV in ((16, 16), (8, 16)):
+        hty = "i32:16" if H % 16 == 0 else "i32"
+        for store_out, warps, stages in ((False, cfg["num_warps"], cfg["num_stages"]),
+                                         (True, cfg["num_warps"], cfg["num_stages"]),
+                                         (True, 8, cfg["num_stages"]), (True, 8, 2)):
+            print(f"H={H} HV={HV} summary BV={cfg['BV']} STORE_OUT={store_out}")
+            # k W U G h0 h v_new ht doc_offsets doc_chunk_offsets need doc_order q out scale
+            # H HV
+            report(_chunk_state_fwd_kernel, [bf] * 3 + [f32, f32, bf, bf, f32, i32, i32, i32,
+                                                        i32, bf, f32, "fp32", hty, "i32:16"],
+                   dict(K=K, V=2 * K, VU=K, BT=64, BK=cfg["BK"], BV=cfg["BV"], USE_H0=False,
+                        H0_EYE=True, HAS_NEED=True, STORE_H=False, STORE_VNEW=False,
+                        STORE_FINAL=True, PREC="tf32", ORDERED=True, GROUP=HV // H,
+                        STORE_OUT=store_out),
+                   num_warps=warps, num_stages=stages)
 
 
 def fused_state_reports() -> None:
@@ -756,7 +785,7 @@ if __name__ == "__main__":
              "gluon_recompute": gluon_recompute_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
              "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
-             "fused_bwd": fused_bwd_reports,
+             "fused_bwd": fused_bwd_reports, "summary": summary_reports,
              "l2norm": l2norm_reports,
              "wy_inv": wy_inv_reports}
     if len(sys.argv) == 2 and sys.argv[1] in modes:

@@ -353,6 +353,58 @@ def test_chunk_state_transition_matrix():
     _check("M closed form", M[2], closed, 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_chunk_state_writes_the_outputs_and_the_entry_state_queries(dtype):
+    """With ``q`` and ``out`` the state walk writes each chunk's outputs: from ``h0``, the
+    outputs of the chunked reference; of a summary ``[E | M]`` (zero and identity entry),
+    the zero-entry outputs ``o⁰`` and the entry-state queries ``q̃``, so that
+    ``o⁰ + q̃ S_in`` is the output from ``S_in`` (docs/exact_split.md)."""
+    H, HV, K, V = 1, 2, 32, 16
+    group, scale = 2, 0.3
+    offs, q, k, v, g, beta = _inputs([150, 0, 1, 64, 70], H, HV, K, V, dtype, seed=11)
+    index = ChunkIndex.build(offs, "cpu")
+    bounds = _bounds(offs)
+    N, T = len(bounds), offs[-1]
+    G = R.chunk_cumsum_ref(g, bounds)
+    qe, ke = _expand(q, group), _expand(k, group)
+    _, W_ref, U_ref = R.wy_ref(ke, v.float(), beta.float(), G, bounds)
+    W, U = W_ref.to(dtype), U_ref.to(dtype)
+    h0 = torch.randn(N, HV, K, V, generator=torch.Generator().manual_seed(12)) * 0.2
+
+    out = torch.full((T, HV, V), float("nan"))
+    chunk_state_fwd(k, W, U, G, index, group, h0, store_states=False, q=q, out=out,
+                    scale=scale)
+    h_ref, vn_ref, _ = R.chunk_states_ref(ke, W.float(), U.float(), G, bounds, h0)
+    o_ref = R.chunk_output_ref(qe, ke, vn_ref, h_ref, G, scale, bounds)
+    _check("o from h0", out, o_ref, TOL[dtype])
+
+    summ = torch.full((T, HV, V + K), float("nan"))
+    chunk_state_fwd(k, W, U, G, index, group, None, store_states=False, store_v_new=False,
+                    state_width=V + K, identity_state=True, q=q, out=summ, scale=scale)
+    qt_ref = R.entry_state_queries_ref(qe, ke, W.float(), G, scale, bounds)
+    _check("q~", summ[..., V:], qt_ref, TOL[dtype])
+    h_0, vn_0, _ = R.chunk_states_ref(ke, W.float(), U.float(), G, bounds, None)
+    _check("o0", summ[..., :V], R.chunk_output_ref(qe, ke, vn_0, h_0, G, scale, bounds),
+           TOL[dtype])
+    with_entry = torch.cat([summ[b:e, :, :V] + torch.einsum("thk,hkv->thv", summ[b:e, :, V:],
+                                                           h0[n])
+                            for n, (b, e) in enumerate(bounds)])
+    _check("o0 + q~ S_in", with_entry, o_ref, TOL[dtype])
+
+
+def test_chunk_state_outputs_refuse_bad_arguments():
+    offs, q, k, v, g, beta = _inputs([70], 1, 1, 16, 16, torch.float32, seed=13)
+    index = ChunkIndex.build(offs, "cpu")
+    T = offs[-1]
+    W, U, G = torch.zeros(T, 1, 16), torch.zeros(T, 1, 16), torch.zeros(T, 1)
+    with pytest.raises(ValueError, match="come together"):
+        chunk_state_fwd(k, W, U, G, index, 1, q=q)
+    with pytest.raises(ValueError, match="q must be"):
+        chunk_state_fwd(k, W, U, G, index, 1, q=q[:-1], out=torch.zeros(T, 1, 16))
+    with pytest.raises(ValueError, match="out must be"):
+        chunk_state_fwd(k, W, U, G, index, 1, q=q, out=torch.zeros(T, 1, 16).half())
+
+
 # ---------------------------------------------------------------- output ---
 
 

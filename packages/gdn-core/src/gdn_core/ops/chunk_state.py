@@ -21,6 +21,13 @@ a zero ``U`` (never materialised) — so one launch returns every "document"'s
 the ``M`` columns) lets programs whose columns nobody reads return at once.
 Every column block is its own program, so a block's bits do not depend on
 which other blocks or documents the launch holds.
+
+With ``q`` and ``out`` (``STORE_OUT``) each chunk also writes its outputs from the
+state it enters with, ``scale ((Q ⊙ e^G) S + (Q Kᵀ ⊙ D) V')`` (``D`` the causal
+decay), in fp32. For the ``E`` columns of a summary these are the segment's outputs
+from a zero entry state, ``o⁰``. For its ``M`` columns they are the entry state's
+queries ``q̃`` (:func:`gdn_core.reference.entry_state_queries_ref`), so that
+``o = o⁰ + q̃ S_in`` once the fold gives ``S_in`` (``docs/exact_split.md``).
 """
 
 from __future__ import annotations
@@ -52,6 +59,9 @@ def _chunk_state_fwd_kernel(
     doc_chunk_offsets,
     need,
     doc_order,
+    q,
+    out,
+    scale,
     H,
     HV,
     GROUP: tl.constexpr,
@@ -69,6 +79,7 @@ def _chunk_state_fwd_kernel(
     STORE_FINAL: tl.constexpr,
     PREC: tl.constexpr,
     ORDERED: tl.constexpr = False,
+    STORE_OUT: tl.constexpr = False,
 ):
     # V: the state's width; VU: the columns that take U (the rest take zero).
     i_v = tl.program_id(0)
@@ -134,6 +145,23 @@ def _chunk_state_fwd_kernel(
             mask=mk[:, None] & mt[None, :],
             other=0.0,
         )
+        if STORE_OUT:  # the chunk's outputs from S: scale ((Q ⊙ e^G) S + (Q Kᵀ ⊙ D) V')
+            b_q = tl.load(
+                q + (t0 + rt[:, None]) * KS + i_h * K + rk[None, :],
+                mask=mt[:, None] & mk[None, :],
+                other=0.0,
+            )
+            causal = (rt[:, None] >= rt[None, :]) & mt[:, None] & mt[None, :]
+            d_ts = tl.exp(tl.where(causal, b_g[:, None] - b_g[None, :], 0.0))
+            b_a = tl.where(causal, tl.dot(b_q, b_kt, input_precision=PREC) * d_ts, 0.0)
+            b_qg = (b_q * tl.exp(b_g)[:, None]).to(b_q.dtype)
+            b_o = tl.dot(b_qg, S.to(b_q.dtype), input_precision=PREC)
+            b_o = tl.dot(b_a.to(b_q.dtype), b_vn.to(b_q.dtype), b_o, input_precision=PREC)
+            tl.store(
+                out + (t0 + rt[:, None]) * HV * V + i_hv * V + rv[None, :],
+                b_o * scale,
+                mask=mt[:, None] & mv[None, :],
+            )
         b_vd = (b_vn * dec[:, None]).to(b_kt.dtype)
         S = S * tl.exp(g_last)
         S = tl.dot(b_kt, b_vd, S, input_precision=PREC)
@@ -190,6 +218,9 @@ def chunk_state_fwd(
     identity_state: bool = False,
     store_v_new: bool = True,
     need: torch.Tensor | None = None,
+    q: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    scale: float = 1.0,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Run the chunk-state recurrence over every document.
 
@@ -214,6 +245,13 @@ def chunk_state_fwd(
             columns ``[0, VU)`` are wanted, bit 1 — its columns ``[VU, V)``;
             programs of unwanted columns return at once (their outputs are
             left unwritten).
+        q: ``[T, H, K]`` queries in ``k``'s dtype, with ``out``: each chunk writes its
+            outputs from the state it enters with into ``out``.
+        out: ``[T, HV, V]`` fp32, written with ``scale ((Q ⊙ e^G) S + (Q Kᵀ ⊙ D) V')``
+            per chunk (``D`` the causal decay): the outputs ``o`` in the ``U`` columns,
+            the entry-state queries ``q̃`` in the identity's columns of a summary
+            (module docstring). Rows and columns of skipped programs stay unwritten.
+        scale: the outputs' scale.
 
     Returns:
         ``(h, v_new, final)``: ``h: [NT, HV, K, V]`` in ``k``'s dtype (or
@@ -251,6 +289,17 @@ def chunk_state_fwd(
                              "initial_state")
     if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
         raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
+    if (q is None) != (out is None):
+        raise ValueError("q and out come together (the chunk outputs), got only one")
+    if q is not None:
+        if tuple(q.shape) != (T, H, K) or q.dtype != k.dtype:
+            raise ValueError(f"q must be [T, H, K] = {(T, H, K)} in k's dtype {k.dtype}, "
+                             f"got {q.dtype} {tuple(q.shape)}")
+        if (tuple(out.shape) != (T, HV, V) or out.dtype != torch.float32
+                or not out.is_contiguous()):
+            raise ValueError(f"out must be contiguous fp32 [T, HV, V] = {(T, HV, V)}, got "
+                             f"{out.dtype} {tuple(out.shape)}")
+        q = q.contiguous()
     if initial_state is not None:
         if tuple(initial_state.shape) != (N, HV, K, V):
             raise ValueError(
@@ -284,7 +333,8 @@ def chunk_state_fwd(
     grid = doc_grid(triton.cdiv(V, cfg["BV"]), N, HV, order)
     _CHUNK_STATE_FWD_KERNEL[grid](
         k, W, U, G, initial_state, h, v_new, final, index.doc_offsets, index.doc_chunk_offsets,
-        need, order, H, HV, ORDERED=order is not None, GROUP=group, K=K, V=V, VU=VU,
+        need, order, q, out, float(scale), H, HV, ORDERED=order is not None, GROUP=group,
+        K=K, V=V, VU=VU, STORE_OUT=q is not None,
         BT=index.chunk_size, BK=cfg["BK"], BV=cfg["BV"], USE_H0=initial_state is not None,
         H0_EYE=identity_state, HAS_NEED=need is not None, STORE_H=store_states,
         STORE_VNEW=store_v_new, STORE_FINAL=output_final_state,
