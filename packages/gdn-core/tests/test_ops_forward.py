@@ -29,6 +29,7 @@ from gdn_core.ops import (
     wy_apply,
     wy_fwd,
 )
+from gdn_core.ops.chunk_state import chunk_state_outputs_fwd
 
 # document lengths: empty, single token, one short of / exactly / one past a
 # chunk, and a ~150-token document spanning three chunks.
@@ -355,7 +356,7 @@ def test_chunk_state_transition_matrix():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_chunk_state_writes_the_outputs_and_the_entry_state_queries(dtype):
-    """With ``q`` and ``out`` the state walk writes each chunk's outputs: from ``h0``, the
+    """``chunk_state_outputs_fwd``: the state walk writes each chunk's outputs: from ``h0``, the
     outputs of the chunked reference; of a summary ``[E | M]`` (zero and identity entry),
     the zero-entry outputs ``o⁰`` and the entry-state queries ``q̃``, so that
     ``o⁰ + q̃ S_in`` is the output from ``S_in`` (docs/exact_split.md)."""
@@ -372,15 +373,14 @@ def test_chunk_state_writes_the_outputs_and_the_entry_state_queries(dtype):
     h0 = torch.randn(N, HV, K, V, generator=torch.Generator().manual_seed(12)) * 0.2
 
     out = torch.full((T, HV, V), float("nan"))
-    chunk_state_fwd(k, W, U, G, index, group, h0, store_states=False, q=q, out=out,
-                    scale=scale)
+    chunk_state_outputs_fwd(k, W, U, G, index, group, q, out, scale, h0)
     h_ref, vn_ref, _ = R.chunk_states_ref(ke, W.float(), U.float(), G, bounds, h0)
     o_ref = R.chunk_output_ref(qe, ke, vn_ref, h_ref, G, scale, bounds)
     _check("o from h0", out, o_ref, TOL[dtype])
 
     summ = torch.full((T, HV, V + K), float("nan"))
-    chunk_state_fwd(k, W, U, G, index, group, None, store_states=False, store_v_new=False,
-                    state_width=V + K, identity_state=True, q=q, out=summ, scale=scale)
+    chunk_state_outputs_fwd(k, W, U, G, index, group, q, summ, scale, state_width=V + K,
+                            identity_state=True)
     qt_ref = R.entry_state_queries_ref(qe, ke, W.float(), G, scale, bounds)
     _check("q~", summ[..., V:], qt_ref, TOL[dtype])
     h_0, vn_0, _ = R.chunk_states_ref(ke, W.float(), U.float(), G, bounds, None)
@@ -397,12 +397,10 @@ def test_chunk_state_outputs_refuse_bad_arguments():
     index = ChunkIndex.build(offs, "cpu")
     T = offs[-1]
     W, U, G = torch.zeros(T, 1, 16), torch.zeros(T, 1, 16), torch.zeros(T, 1)
-    with pytest.raises(ValueError, match="come together"):
-        chunk_state_fwd(k, W, U, G, index, 1, q=q)
     with pytest.raises(ValueError, match="q must be"):
-        chunk_state_fwd(k, W, U, G, index, 1, q=q[:-1], out=torch.zeros(T, 1, 16))
+        chunk_state_outputs_fwd(k, W, U, G, index, 1, q[:-1], torch.zeros(T, 1, 16), 1.0)
     with pytest.raises(ValueError, match="out must be"):
-        chunk_state_fwd(k, W, U, G, index, 1, q=q, out=torch.zeros(T, 1, 16).half())
+        chunk_state_outputs_fwd(k, W, U, G, index, 1, q, torch.zeros(T, 1, 16).half(), 1.0)
 
 
 # ---------------------------------------------------------------- output ---

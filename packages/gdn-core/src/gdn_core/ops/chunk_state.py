@@ -22,7 +22,7 @@ the ``M`` columns) lets programs whose columns nobody reads return at once.
 Every column block is its own program, so a block's bits do not depend on
 which other blocks or documents the launch holds.
 
-With ``q`` and ``out`` (``STORE_OUT``) each chunk also writes its outputs from the
+In :func:`chunk_state_outputs_fwd` (``STORE_OUT``) each chunk also writes its outputs from the
 state it enters with, ``scale ((Q ⊙ e^G) S + (Q Kᵀ ⊙ D) V')`` (``D`` the causal
 decay), in fp32. For the ``E`` columns of a summary these are the segment's outputs
 from a zero entry state, ``o⁰``. For its ``M`` columns they are the entry state's
@@ -42,7 +42,7 @@ from gdn_core.ops.launch import cached_launch
 from gdn_core.ops.registry import launcher
 from gdn_core.ops.tiles import dot_tile
 
-__all__ = ["chunk_state_fwd", "chunk_state_config"]
+__all__ = ["chunk_state_config", "chunk_state_fwd", "chunk_state_outputs_fwd"]
 
 
 @triton.jit
@@ -218,9 +218,6 @@ def chunk_state_fwd(
     identity_state: bool = False,
     store_v_new: bool = True,
     need: torch.Tensor | None = None,
-    q: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    scale: float = 1.0,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Run the chunk-state recurrence over every document.
 
@@ -245,13 +242,6 @@ def chunk_state_fwd(
             columns ``[0, VU)`` are wanted, bit 1 — its columns ``[VU, V)``;
             programs of unwanted columns return at once (their outputs are
             left unwritten).
-        q: ``[T, H, K]`` queries in ``k``'s dtype, with ``out``: each chunk writes its
-            outputs from the state it enters with into ``out``.
-        out: ``[T, HV, V]`` fp32, written with ``scale ((Q ⊙ e^G) S + (Q Kᵀ ⊙ D) V')``
-            per chunk (``D`` the causal decay): the outputs ``o`` in the ``U`` columns,
-            the entry-state queries ``q̃`` in the identity's columns of a summary
-            (module docstring). Rows and columns of skipped programs stay unwritten.
-        scale: the outputs' scale.
 
     Returns:
         ``(h, v_new, final)``: ``h: [NT, HV, K, V]`` in ``k``'s dtype (or
@@ -259,6 +249,57 @@ def chunk_state_fwd(
         dtype (or ``None``), ``final: [N, HV, K, V]`` fp32 (or ``None``). A
         zero-length document's final state is its initial state (or zeros).
     """
+    return _walk(k, W, U, G, index, group, initial_state, output_final_state, store_states,
+                 state_width, identity_state, store_v_new, need, None, None, 1.0)
+
+
+@launcher(uses_atomics=False, kernels=(_chunk_state_fwd_kernel,))
+def chunk_state_outputs_fwd(
+    k: torch.Tensor,
+    W: torch.Tensor,
+    U: torch.Tensor,
+    G: torch.Tensor,
+    index: ChunkIndex,
+    group: int,
+    q: torch.Tensor,
+    out: torch.Tensor,
+    scale: float,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    *,
+    state_width: int | None = None,
+    identity_state: bool = False,
+    need: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """The state walk of :func:`chunk_state_fwd` (neither ``h`` nor ``v_new`` stored) that
+    also writes each chunk's outputs from the state it enters with (module docstring):
+    ``out[t] = scale ((Q ⊙ e^G) S + (Q Kᵀ ⊙ D) V')``, ``D`` the causal decay. These are the
+    outputs ``o`` in the ``U`` columns, and the entry-state queries ``q̃`` in the identity's
+    columns of a summary. Programs that ``need`` skips leave their rows and columns
+    unwritten.
+
+    Args:
+        q: ``[T, H, K]`` queries in ``k``'s dtype.
+        out: ``[T, HV, V]`` contiguous fp32 (``V``: the state's width).
+        scale: the outputs' scale.
+        k, W, U, G, index, group, initial_state, output_final_state, state_width,
+            identity_state, need: as :func:`chunk_state_fwd`.
+
+    Returns:
+        The final states ``[N, HV, K, V]`` fp32 (or ``None``).
+
+    Raises:
+        ValueError: as :func:`chunk_state_fwd`, and for a ``q`` or ``out`` of another
+            shape or dtype.
+    """
+    return _walk(k, W, U, G, index, group, initial_state, output_final_state, False,
+                 state_width, identity_state, False, need, q, out, scale)[2]
+
+
+def _walk(k, W, U, G, index, group, initial_state, output_final_state, store_states,
+          state_width, identity_state, store_v_new, need, q, out, scale):
+    """Both launchers' checks and launch (arguments as theirs; ``q``, ``out`` ``None``:
+    no outputs)."""
     T, H, K = k.shape
     HV, VU = U.shape[1], U.shape[2]
     V = VU if state_width is None else int(state_width)
@@ -289,8 +330,6 @@ def chunk_state_fwd(
                              "initial_state")
     if need is not None and (need.dtype != torch.int32 or tuple(need.shape) != (N,)):
         raise ValueError(f"need must be int32 [N={N}], got {need.dtype} {tuple(need.shape)}")
-    if (q is None) != (out is None):
-        raise ValueError("q and out come together (the chunk outputs), got only one")
     if q is not None:
         if tuple(q.shape) != (T, H, K) or q.dtype != k.dtype:
             raise ValueError(f"q must be [T, H, K] = {(T, H, K)} in k's dtype {k.dtype}, "
