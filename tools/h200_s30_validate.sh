@@ -5,11 +5,13 @@
 #   call 1, no carry:                  bash tools/h200_s30_validate.sh 1
 #       det's kernel table per segment size (1024, 2048, 4096, none) at B1 T32768, B4 T8192
 #       and B1 T32768 in 8 equal documents: which kernels grow as segments shrink (the
-#       question of docs/performance.md, "Exact against exact")
+#       question of docs/performance.md, "Exact against exact"); then simulated KCP at
+#       world 8 (issue 19's target 4, last measured on an H100 in session 25: 1.434)
 #   call 2, carry [".whl-base"]:       bash tools/h200_s30_validate.sh 2
-#   call 3, carry [".whl"]:            bash tools/h200_s30_validate.sh 3
+#   call 3, carry [".whl", ".whl-fla"]: bash tools/h200_s30_validate.sh 3
 #       FlashQLA's kernel table at the same shapes and equal documents, with its default
-#       (approximate split where it chooses one), beside det's
+#       (approximate split where it chooses one), beside det's; then issue 18's host time
+#       against fla's Triton kernels with autograd's device thread and on the caller
 export TAG=s30
 source tools/h200_lib.sh
 case ${1:?call 1, 2 or 3} in
@@ -18,6 +20,7 @@ case ${1:?call 1, 2 or 3} in
       --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 1024,2048,4096,0 \
       --iters 10 --rows 16 > "$LOG/profile_det_segments.txt" 2>&1
     echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det_segments.txt" | cut -c1-60,150-200
+    CALL_LIMIT=${CALL_LIMIT:-585} kcp_in_time 8
     pack call1 ;;
   2)
     install_base
@@ -31,5 +34,8 @@ case ${1:?call 1, 2 or 3} in
       --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 0 --iters 10 --rows 16 \
       > "$LOG/profile_flashqla.txt" 2>&1
     echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_flashqla.txt" | cut -c1-60,150-200
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla \
+      .whl-fla/*.whl
+    host_vs_fla /tmp/site-fla:/tmp/site-base "" --backward-on-caller
     pack call3 ;;
 esac
