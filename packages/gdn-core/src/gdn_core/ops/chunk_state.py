@@ -296,8 +296,12 @@ def chunk_state_outputs_fwd(
                  state_width, identity_state, False, need, q, out, scale)[2]
 
 
-def _walk(k, W, U, G, index, group, initial_state, output_final_state, store_states,
-          state_width, identity_state, store_v_new, need, q, out, scale):
+def _walk(k: torch.Tensor, W: torch.Tensor, U: torch.Tensor, G: torch.Tensor,
+          index: ChunkIndex, group: int, initial_state: torch.Tensor | None,
+          output_final_state: bool, store_states: bool, state_width: int | None,
+          identity_state: bool, store_v_new: bool, need: torch.Tensor | None,
+          q: torch.Tensor | None, out: torch.Tensor | None, scale: float
+          ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """Both launchers' checks and launch (arguments as theirs; ``q``, ``out`` ``None``:
     no outputs)."""
     T, H, K = k.shape
