@@ -26,16 +26,12 @@ case ${1:?call 1, 2 or 3} in
     install_base
     pack call2 ;;
   3)
-    [[ -d /tmp/site-base ]] || { echo "no /tmp/site-base: call 2 first, right before"; exit 1; }
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-    echo "flashqla install exit $?"
+    install_anchors || exit 1  # FlashQLA into /tmp/site, fla into /tmp/site-fla
     PYTHONPATH="$PYTHONPATH:/tmp/site:/tmp/site-base" timeout "${PROFILE_SECONDS:-400}" \
       python3 benchmarks/profile_gdn.py --package flashqla \
       --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 0 --iters 10 --rows 16 \
       > "$LOG/profile_flashqla.txt" 2>&1
     echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_flashqla.txt" | cut -c1-60,150-200
-    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fla \
-      .whl-fla/*.whl
     host_vs_fla /tmp/site-fla:/tmp/site-base "" --backward-on-caller
     pack call3 ;;
 esac
