@@ -209,7 +209,7 @@ def _use_kernels(x, weight, bias, halo) -> bool:
     tensors, or CPU ones with ``GDN_CORE_BACKEND=triton`` under ``TRITON_INTERPRET=1``
     (the tests); not with ``GDN_CORE_BACKEND=reference``, fp64, or a filter wider
     than the kernels unroll."""
-    backend = env_value("GDN_CORE_BACKEND") or None
+    backend = env_value("GDN_CORE_BACKEND")
     if backend == "reference":
         return False
     if not x.is_cuda and not (backend == "triton" and env_value("TRITON_INTERPRET") == "1"):

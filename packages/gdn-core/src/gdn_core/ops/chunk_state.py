@@ -249,8 +249,10 @@ def chunk_state_fwd(
         dtype (or ``None``), ``final: [N, HV, K, V]`` fp32 (or ``None``). A
         zero-length document's final state is its initial state (or zeros).
     """
-    return _walk(k, W, U, G, index, group, initial_state, output_final_state, store_states,
-                 state_width, identity_state, store_v_new, need, None, None, 1.0)
+    return _walk(k, W, U, G, index, group, initial_state=initial_state,
+                 output_final_state=output_final_state, store_states=store_states,
+                 state_width=state_width, identity_state=identity_state,
+                 store_v_new=store_v_new, need=need, q=None, out=None, scale=1.0)
 
 
 @launcher(uses_atomics=False, kernels=(_chunk_state_fwd_kernel,))
@@ -292,12 +294,14 @@ def chunk_state_outputs_fwd(
         ValueError: as :func:`chunk_state_fwd`, and for a ``q`` or ``out`` of another
             shape or dtype.
     """
-    return _walk(k, W, U, G, index, group, initial_state, output_final_state, False,
-                 state_width, identity_state, False, need, q, out, scale)[2]
+    return _walk(k, W, U, G, index, group, initial_state=initial_state,
+                 output_final_state=output_final_state, store_states=False,
+                 state_width=state_width, identity_state=identity_state, store_v_new=False,
+                 need=need, q=q, out=out, scale=scale)[2]
 
 
 def _walk(k: torch.Tensor, W: torch.Tensor, U: torch.Tensor, G: torch.Tensor,
-          index: ChunkIndex, group: int, initial_state: torch.Tensor | None,
+          index: ChunkIndex, group: int, *, initial_state: torch.Tensor | None,
           output_final_state: bool, store_states: bool, state_width: int | None,
           identity_state: bool, store_v_new: bool, need: torch.Tensor | None,
           q: torch.Tensor | None, out: torch.Tensor | None, scale: float
