@@ -233,6 +233,15 @@ def chunk_states_ref(
     return h, v_new, final
 
 
+def _causal_attention(qc: torch.Tensor, kc: torch.Tensor, Gc: torch.Tensor,
+                      causal: torch.Tensor) -> torch.Tensor:
+    """``Q_c K_cᵀ ⊙ exp(G_i − G_j) ⊙ [i ≥ j]`` per chunk: ``qc, kc: [NT, C, HV, K]``,
+    ``Gc: [NT, C, HV]`` (edge-padded), ``causal: [C, C]`` → ``[NT, HV, C, C]``."""
+    Gt = Gc.transpose(1, 2)
+    decay = (Gt[..., :, None] - Gt[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    return torch.einsum("nihk,njhk->nhij", qc, kc) * decay
+
+
 def chunk_output_ref(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -260,9 +269,7 @@ def chunk_output_ref(
         hc = h[chunk0 : chunk0 + n_chunks]
         chunk0 += n_chunks
         inter = torch.einsum("nihk,nhkv->nihv", qc * Gc.exp()[..., None], hc)
-        Gt = Gc.transpose(1, 2)
-        decay = (Gt[..., :, None] - Gt[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-        attn = torch.einsum("nihk,njhk->nhij", qc, kc) * decay
+        attn = _causal_attention(qc, kc, Gc, causal)
         intra = torch.einsum("nhij,njhv->nihv", attn, vc)
         parts.append(_unchunk((inter + intra) * scale, eos - bos))
     if not parts:
@@ -290,9 +297,9 @@ def entry_state_queries_ref(
     e^{G_t − G_s} w_s)``. Here ``Φ_{c-1}`` is the transition from the document's start to
     the chunk's start: the chunk-state recurrence of the identity with ``v = 0``, the ``M``
     half of a segment summary ``[E | M]``. This is the fp32 reference of an exact split
-    with no second walk: a segment's outputs as its zero-entry outputs plus ``q̃ S_in``,
-    and its entry-state gradient as a token reduction instead of a reverse pass
-    (``docs/exact_split.md``).
+    in which a segment's outputs are its zero-entry outputs plus ``q̃ S_in`` and its
+    entry-state gradient a token reduction (``docs/exact_split.md``: what that would save,
+    and why it needs a walk of the doubled state).
 
     ``q, k: [T,HV,K]`` (k expanded to the value heads), ``W: [T,HV,K]`` and
     ``G: [T,HV]`` as :func:`wy_ref` and :func:`chunk_cumsum_ref` give them.
@@ -310,9 +317,7 @@ def entry_state_queries_ref(
         phi, _, _ = chunk_states_ref(kd, Wd, torch.zeros_like(Wd), Gd, doc, eye, C)
         qc, kc, wc = (_doc_chunks(x, bos, eos, C) for x in (q, k, W))
         Gc = _doc_chunks(G, bos, eos, C, edge_pad=True)
-        Gt = Gc.transpose(1, 2)
-        decay = (Gt[..., :, None] - Gt[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-        attn = torch.einsum("nihk,njhk->nhij", qc, kc) * decay
+        attn = _causal_attention(qc, kc, Gc, causal)
         q_hat = qc * Gc.exp()[..., None] - torch.einsum("nhij,njhk->nihk", attn, wc)
         q_tilde = torch.einsum("nhkj,nihk->nihj", phi, q_hat) * scale
         parts.append(_unchunk(q_tilde, eos - bos))
