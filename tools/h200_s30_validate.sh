@@ -6,7 +6,9 @@
 #       det's kernel table per segment size (1024, 2048, 4096, none) at B1 T32768, B4 T8192
 #       and B1 T32768 in 8 equal documents: which kernels grow as segments shrink (the
 #       question of docs/performance.md, "Exact against exact"); then simulated KCP at
-#       world 8 (issue 19's target 4, last measured on an H100 in session 25: 1.434)
+#       world 8 (issue 19's target 4, last measured on an H100 in session 25: 1.434); and
+#       the cProfile of a B1 T1024 step's host path and what the device thread makes
+#       slower (device_thread_probe.py; issue 18)
 #   call 2, carry [".whl-base"]:       bash tools/h200_s30_validate.sh 2
 #   call 3, carry [".whl", ".whl-fla"]: bash tools/h200_s30_validate.sh 3
 #       FlashQLA's kernel table at the same shapes and equal documents, with its default
@@ -16,7 +18,13 @@ export TAG=s30
 source tools/h200_lib.sh
 case ${1:?call 1, 2 or 3} in
   1)
-    timeout "${PROFILE_SECONDS:-400}" python3 benchmarks/profile_gdn.py \
+    # issue 18: where the host time of a B1 T1024 step goes now (cProfile, the floors)
+    timeout 80 python3 benchmarks/host_profile_gpu.py --iters 50 --top 50 --repeats 3 \
+      --launches 7 > "$LOG/host_profile_T1024.txt" 2>&1
+    echo "host profile exit $?"; head -8 "$LOG/host_profile_T1024.txt"
+    timeout 90 python3 benchmarks/device_thread_probe.py > "$LOG/device_thread_probe.txt" 2>&1
+    echo "device thread probe exit $?"; tail -8 "$LOG/device_thread_probe.txt"
+    timeout "${PROFILE_SECONDS:-300}" python3 benchmarks/profile_gdn.py \
       --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 1024,2048,4096,0 \
       --iters 10 --rows 16 > "$LOG/profile_det_segments.txt" 2>&1
     echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det_segments.txt" | cut -c1-60,150-200
