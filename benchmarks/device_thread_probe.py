@@ -14,12 +14,17 @@ kind the device thread makes expensive shows:
 * ``launch``: ``--n`` launches of an empty Triton kernel through the library's launch cache;
 * ``det``: the real ``gdn_det_train`` call at ``--shape``.
 
-    python benchmarks/device_thread_probe.py [--n 8] [--iters 200] [--repeats 5]
+With ``--pin CPU`` the process (the caller and autograd's device thread, made later,
+inherit it) runs on that one CPU: if the device thread's extra time is the work moving
+between cores (cold caches), it shrinks there.
+
+    python benchmarks/device_thread_probe.py [--n 8] [--iters 200] [--repeats 5] [--pin CPU]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -81,7 +86,11 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--shape", default="1,1024,16,128,128", help="B,T,H,K,V of the det step")
+    p.add_argument("--pin", type=int, default=None, metavar="CPU",
+                   help="run every thread of the process on this one CPU")
     args = p.parse_args()
+    if args.pin is not None:  # before any CUDA work: autograd's device thread inherits it
+        os.sched_setaffinity(0, {args.pin})
 
     dev = torch.device("cuda")
     scratch = torch.empty(16, device=dev)
@@ -120,7 +129,8 @@ def main() -> None:
                 for _ in range(5):
                     step()
     torch.cuda.synchronize()
-    print(f"backward work: n={args.n}, python {args.python_us:.0f} us on the caller; "
+    pinned = "" if args.pin is None else f"every thread on CPU {args.pin}; "
+    print(f"backward work: n={args.n}, python {args.python_us:.0f} us on the caller; {pinned}"
           f"median of {args.repeats} rounds of {args.iters} steps, host ms a step")
     print(f"{'kind':10s} {'device thread':>14s} {'caller':>8s} {'difference':>11s}")
     for kind, step in steps.items():

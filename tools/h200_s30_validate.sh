@@ -24,6 +24,9 @@ case ${1:?call 1, 2 or 3} in
     echo "host profile exit $?"; head -8 "$LOG/host_profile_T1024.txt"
     timeout 90 python3 benchmarks/device_thread_probe.py > "$LOG/device_thread_probe.txt" 2>&1
     echo "device thread probe exit $?"; tail -8 "$LOG/device_thread_probe.txt"
+    timeout 90 python3 benchmarks/device_thread_probe.py --pin 3 \
+      > "$LOG/device_thread_probe_pinned.txt" 2>&1
+    echo "pinned probe exit $?"; tail -7 "$LOG/device_thread_probe_pinned.txt"
     timeout "${PROFILE_SECONDS:-300}" python3 benchmarks/profile_gdn.py \
       --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 1024,2048,4096,0 \
       --iters 10 --rows 16 > "$LOG/profile_det_segments.txt" 2>&1
