@@ -33,6 +33,22 @@ case ${1:?call 1, 2 or 3} in
     echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det_segments.txt" | cut -c1-60,150-200
     CALL_LIMIT=${CALL_LIMIT:-585} kcp_in_time 8
     pack call1 ;;
+  1b)  # the short form (what the device time left allowed): host, the probes, the rule
+    timeout 80 python3 benchmarks/host_profile_gpu.py --iters 50 --top 50 --repeats 3 \
+      --launches 7 > "$LOG/host_profile_T1024.txt" 2>&1
+    echo "host profile exit $?"; head -8 "$LOG/host_profile_T1024.txt"
+    timeout 60 python3 benchmarks/device_thread_probe.py --repeats 3 \
+      > "$LOG/device_thread_probe.txt" 2>&1
+    echo "device thread probe exit $?"; tail -7 "$LOG/device_thread_probe.txt"
+    timeout 60 python3 benchmarks/device_thread_probe.py --repeats 3 --pin 3 \
+      > "$LOG/device_thread_probe_pinned.txt" 2>&1
+    echo "pinned probe exit $?"; tail -7 "$LOG/device_thread_probe_pinned.txt"
+    # gdn_train's default segment rule (segment.choose_segment_size) against both paths
+    timeout 120 python3 benchmarks/bench_gdn_train.py --arms det,nondet,det-plain --warmup 5 \
+      --iters 20 --shapes "B1,T8192,H16;B4,T8192,H16;B1,T32768,H16,D8" --acc-shapes none \
+      --json "$LOG/segment_rule.json" > "$LOG/segment_rule.md" 2>&1
+    echo "segment rule exit $?"; grep -E "^\| B" "$LOG/segment_rule.md" | head -12
+    pack call1b ;;
   2)
     install_base
     pack call2 ;;

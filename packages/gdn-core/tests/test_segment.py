@@ -13,8 +13,8 @@ from gdn_core.kcp.fold import fold_chain, fold_step
 from gdn_core.ops import chunk_state
 from gdn_core.reference import naive_recurrent_gdn
 from gdn_core.segment import (
+    CHAIN_SEGMENTS,
     DEFAULT_SEGMENT_SIZE,
-    PLAIN_MIN_LONG_PAIRS,
     SegmentLayout,
     backward_chains,
     choose_segment_size,
@@ -132,30 +132,38 @@ def test_the_saved_inverse_gives_the_recomputed_bits(S, dtype):
 
 def test_default_segment_size_by_mode():
     """Deterministic calls always segment (bits independent of the batch); a
-    non-deterministic default keeps the plain path once enough long documents
-    fill the GPU; explicit sizes are kept (and validated) in both modes."""
+    non-deterministic default segments only where the segments pay: a document longer
+    than CHAIN_SEGMENTS segments (a shorter chain), or enough segment programs for the
+    fused reverse pass where the documents alone have too few; explicit sizes are kept
+    (and validated) in both modes."""
+    from gdn_core.ops.backward import FUSED_STATE_MIN_PROGRAMS
+
     S = DEFAULT_SEGMENT_SIZE
-    long_doc = S + 1
-    few = [0, long_doc, long_doc + S]  # one long document (and one of exactly S tokens)
-    many = [i * long_doc for i in range(5)]  # four long documents
-    assert PLAIN_MIN_LONG_PAIRS == 32
-    for offs, HV, nondet in ((few, 16, S), (few, 31, S), (few, 32, 0),
-                             (many, 7, S), (many, 8, 0), ([0, S], 256, S)):
+    assert CHAIN_SEGMENTS == 2 and FUSED_STATE_MIN_PROGRAMS == 96
+    short = [0, S, 2 * S]  # no document longer than a segment: the plain path either way
+    two = [0, 2 * S]  # one document of two segments (B1 T8192)
+    long_doc = [0, 2 * S + 64]  # the chain shortens
+    four = [i * 2 * S for i in range(5)]  # four documents of two segments (B4 T8192)
+    for offs, HV, nondet in ((short, 16, S), (two, 16, 0), (two, 47, 0), (two, 48, S),
+                             (two, 96, 0), (long_doc, 1, S), (long_doc, 256, S),
+                             (four, 16, S), (four, 11, 0), (four, 12, S), (four, 24, 0),
+                             ([0, 0, 2 * S], 40, S), ([0, S], 256, S)):
         assert choose_segment_size(None, offs, HV, deterministic=True) == DEFAULT_SEGMENT_SIZE
         assert choose_segment_size(None, offs, HV, deterministic=False) == nondet, (offs, HV)
         for explicit in (0, 128):
             for det in (True, False):
                 assert choose_segment_size(explicit, offs, HV, deterministic=det) == explicit
     with pytest.raises(ValueError, match="segment_size"):
-        choose_segment_size(100, few, 1, deterministic=False)
+        choose_segment_size(100, two, 1, deterministic=False)
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_default_segment_size_reaches_the_saved_set(deterministic):
-    """With the default size, one document of ``S + 1`` tokens at HV=2 (two value
-    heads with a long document: far below the plain-path threshold) is segmented
-    in both modes."""
-    q, k, v, g, beta, *_ = _inputs([DEFAULT_SEGMENT_SIZE + 1], H=1, HV=2, K=16, V=16)
+    """With the default size, one document of ``2·S + 1`` tokens at HV=2 (longer than
+    :data:`CHAIN_SEGMENTS` segments: the segments shorten its chain) is segmented in
+    both modes."""
+    q, k, v, g, beta, *_ = _inputs([CHAIN_SEGMENTS * DEFAULT_SEGMENT_SIZE + 1], H=1, HV=2,
+                                   K=16, V=16)
     *_, saved = chunk_gdn_fwd(q, k, v, g, beta, deterministic=deterministic,
                               backend="reference")
     assert saved.segments is not None and saved.segments.segment_size == DEFAULT_SEGMENT_SIZE

@@ -80,15 +80,19 @@ __all__ = [
     "segment_fwd_fold",
 ]
 
-#: ``segment_size=None`` in a non-deterministic call keeps the plain path once at
-#: least this many (document, value head) pairs have a document longer than one
-#: segment: the plain recurrence then has enough programs (``pairs × V/BV``) that the
-#: segment path's extra passes (a summary pass, a fold, a second state pass each way)
-#: only cost. H200, fwd+bwd ms, segments of 4096 vs none (2026-12-01): 16 such pairs
-#: (B1 T8192 H16, B1 T32768 H16) 1.72 vs 1.87 and 4.99 vs 5.31 (``profile_gdn.py``);
-#: 48 (B1 T32768 H16, 8 documents, 3 longer than 4096) 4.57 vs 4.41 and 64 (B4 T8192
-#: H16) 3.99 vs 3.70 (``bench_gdn_train.py``).
-PLAIN_MIN_LONG_PAIRS = 32
+#: ``segment_size=None`` in a non-deterministic call segments a layout only where the
+#: segments pay, by the two ways they can (:func:`choose_segment_size`). A document of
+#: ``L`` tokens walks ``L`` tokens in a row on the plain path, and at most ``2·S`` on the
+#: segment path (its summary pass, then its segment). So the chain gets shorter only
+#: where some document is longer than this many segments. Otherwise the segments can
+#: only give the backward's reverse pass enough programs for the fused state kernel
+#: (:func:`gdn_core.ops.backward.fused_state_pays`). H100, det fwd+bwd ms, segments of
+#: 4096 against none, the same kernels as ``gdn_train`` (session 29,
+#: ``benchmarks/results/2026-12-07-h100-s29-segments.md``):
+#: B1 T8192 H16 1.704 vs **1.315** (two segments, 32 programs: the plain path wins);
+#: B4 T8192 H16 **2.445** vs 2.610 (128 programs against 64: the fused reverse pass);
+#: B1 T32768 H16 **2.784** vs 5.135 (a chain of 8192 tokens against 32768).
+CHAIN_SEGMENTS = 2
 
 
 def resolve_segment_size(segment_size: int | None, chunk_size: int = CHUNK_SIZE) -> int:
@@ -115,11 +119,13 @@ def choose_segment_size(segment_size: int | None, offsets, HV: int, *, determini
 
     An explicit ``segment_size`` is validated (:func:`resolve_segment_size`) and
     kept. ``None``: a deterministic call always takes
-    :data:`DEFAULT_SEGMENT_SIZE` (its bits must not depend on the batch); a
-    non-deterministic one takes it only while fewer than
-    :data:`PLAIN_MIN_LONG_PAIRS` (document, value head) pairs have a document
-    longer than one segment, else ``0`` (the plain path). ``offsets``: the host
-    document offsets ``[N+1]``.
+    :data:`DEFAULT_SEGMENT_SIZE` ``S`` (its bits must not depend on the batch). A
+    non-deterministic one takes ``S`` where the segments pay (:data:`CHAIN_SEGMENTS`): some
+    document is longer than ``CHAIN_SEGMENTS · S`` tokens (a shorter serial chain), or the
+    segments give the reverse pass the programs that the fused state kernel needs while the
+    documents alone do not. Otherwise it takes ``0``, the plain path. A layout with no
+    document longer than ``S`` is the plain path either way; it keeps ``S``.
+    ``offsets``: the host document offsets ``[N+1]``.
 
     Raises:
         ValueError: for an invalid ``segment_size``.
@@ -127,8 +133,16 @@ def choose_segment_size(segment_size: int | None, offsets, HV: int, *, determini
     S = resolve_segment_size(segment_size, chunk_size)
     if segment_size is not None or deterministic:
         return S
-    long_docs = sum(1 for a, b in zip(offsets[:-1], offsets[1:]) if b - a > S)
-    return S if long_docs * HV < PLAIN_MIN_LONG_PAIRS else 0
+    lengths = [b - a for a, b in zip(offsets[:-1], offsets[1:])]
+    longest = max(lengths, default=0)
+    if longest <= S or longest > CHAIN_SEGMENTS * S:
+        return S
+    from gdn_core.ops.backward import fused_state_pays  # the kernels: only where needed
+
+    segments = sum(max(1, -(-n // S)) for n in lengths)  # an empty document is one
+    if fused_state_pays(segments, HV) and not fused_state_pays(len(lengths), HV):
+        return S
+    return 0
 
 
 # ------------------------------------------------------------------ layout --

@@ -14,9 +14,10 @@ chunk_gated_delta_rule = API.autograd_call(
     segments="""``segment_size`` (a multiple of 64, or 0 for none): documents longer than
     this run as fixed segments of that many tokens — summarised, folded, then
     run in parallel: faster for a few long documents, slower where the batch
-    already fills the GPU. Default ``None``: segments of 4096 only while fewer
-    than 32 (document, value head) pairs have a document longer than 4096
-    tokens (:func:`gdn_core.segment.choose_segment_size`), else none. A
+    already fills the GPU. Default ``None``: segments of 4096 where they pay — a
+    document longer than 8192 tokens, or enough segment programs for the fused
+    reverse pass where the documents alone have too few
+    (:func:`gdn_core.segment.choose_segment_size`) — else none. A
     :class:`~gdn_core.layout.VarlenLayout` runs without segments
     (``segment_size`` must be ``None`` or ``0``). Raises ``ValueError`` for any
     other value.""",
