@@ -31,6 +31,7 @@ import time
 import torch
 import triton
 from gdn_core.ops.launch import cached_launch
+from host_profile_gpu import _host_ms
 
 
 @triton.jit
@@ -69,16 +70,6 @@ def _function(kind: str, n: int, loops: int, scratch: torch.Tensor):
     return Probe.apply
 
 
-def _host_ms(step, iters: int) -> float:
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        step()
-    t1 = time.perf_counter()
-    torch.cuda.synchronize()
-    return (t1 - t0) / iters * 1e3
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=8, help="torch.empty calls / launches a backward")
@@ -101,11 +92,12 @@ def main() -> None:
 
     B, T, H, K, V = (int(x) for x in args.shape.split(","))
     gen = torch.Generator().manual_seed(0)
-    leaves = [torch.randn(B, T, H, K, generator=gen).to(dev, torch.bfloat16).requires_grad_()
-              for _ in range(3)]
+    leaves = [torch.randn(B, T, H, D, generator=gen).to(dev, torch.bfloat16).requires_grad_()
+              for D in (K, K, V)]
     leaves += [(-torch.rand(B, T, H, generator=gen) / 16).to(dev).requires_grad_(),
                torch.rand(B, T, H, generator=gen).to(dev, torch.bfloat16).requires_grad_()]
     do = torch.randn(B, T, H, V, generator=gen).to(dev, torch.bfloat16)
+    do_probe = torch.randn(B, T, H, K, generator=gen).to(dev, torch.bfloat16)  # of q's shape
 
     import gdn_det_train
 
@@ -114,7 +106,7 @@ def main() -> None:
         fn = _function(kind, args.n, loops, scratch)
 
         def step(fn=fn):
-            fn(*leaves).backward(do[..., :K])
+            fn(*leaves).backward(do_probe)
 
         steps[kind] = step
 

@@ -139,7 +139,7 @@ def choose_segment_size(segment_size: int | None, offsets, HV: int, *, determini
         return S
     from gdn_core.ops.backward import fused_state_pays  # the kernels: only where needed
 
-    segments = sum(max(1, -(-n // S)) for n in lengths)  # an empty document is one
+    segments = SegmentLayout.build(offsets, S).num_segments
     if fused_state_pays(segments, HV) and not fused_state_pays(len(lengths), HV):
         return S
     return 0
