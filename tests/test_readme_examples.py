@@ -2,7 +2,8 @@
 
 Each ```python block of the root README runs in a fresh interpreter (the one
 needing transformers is skipped without it), and the context-parallel example
-runs under ``torchrun`` with 2 gloo ranks, as the README says.
+runs under ``torchrun`` with 2 gloo ranks, as the README says (watched: its process
+group must be gone when it destroys it).
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ def test_python_block_runs(index):
 
 
 def test_context_parallel_example_under_torchrun():
+    """The example as written, watched: when it calls ``destroy_process_group()`` (its
+    context, output and graph still alive, as at the end of any script), no rank's group
+    may survive — one that does is torn down in interpreter finalisation, where gloo can
+    abort the rank (``tests/workers/watch_group_release.py``)."""
     out = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                "docs/examples/kcp_layer.py"]).stdout
+                "tests/workers/watch_group_release.py", "docs/examples/kcp_layer.py"]).stdout
     assert re.search(r"2 ranks, .*max \|out - single rank\| = \S+", out), out
+    assert sorted(re.findall(r"rank (\d): group (\w+) after destroy_process_group", out)) == \
+        [("0", "released"), ("1", "released")], out

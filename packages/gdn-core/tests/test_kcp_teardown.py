@@ -39,6 +39,35 @@ _WORKER = textwrap.dedent(
         _watch(payload, rank)
         return double(torch.ones(2)).tolist()
 
+    KEPT = []  # what a script keeps to its end: the context and its rank's output
+
+    def keeps_a_context(rank, world_size, payload):
+        from gdn_core.kcp import KCPContext, KCPPlan, build_context, partition
+
+        class Plan(KCPPlan):
+            deterministic = True
+
+        class Context(KCPContext):
+            deterministic = True
+
+        ref = weakref.ref(dist.group.WORLD)
+        plan = partition([0, 40, 100], world_size, boundary="chunk", plan_cls=Plan)
+        context = build_context(plan, rank, plan_cls=Plan, context_cls=Context)
+        KEPT.append(context)
+        path = os.path.join(payload["dir"], f"rank{rank}")
+
+        def report():  # at exit: the group destroyed, the context still here
+            try:
+                context.group
+                read = "readable"
+            except RuntimeError as err:
+                read = str(err)
+            with open(path, "w") as f:
+                f.write(("alive" if ref() is not None else "released") + "|" + read)
+
+        atexit.register(report)
+        return context.group is dist.group.WORLD
+
     def peer_raises(rank, world_size, payload):
         _watch(payload, rank)
         double(torch.ones(2))
@@ -73,3 +102,13 @@ def test_ranks_exit_1_and_release_the_group_after_a_peer_raised(worker, tmp_path
         run_gloo_world(2, worker, "peer_raises", {"dir": str(tmp_path)}, timeout=120)
     assert re.findall(r"\(exit (-?\d+)\)", str(err.value)) == ["1", "1"], str(err.value)
     assert _reports(tmp_path, 2) == ["released"] * 2
+
+
+def test_a_kept_context_does_not_hold_its_group(worker, tmp_path):
+    """A KCP context holds its group weakly: kept to the end of a script, it neither keeps
+    the group alive past ``destroy_process_group()`` nor reads as a live group after."""
+    assert run_gloo_world(2, worker, "keeps_a_context", {"dir": str(tmp_path)}) == [True] * 2
+    for report in _reports(tmp_path, 2):
+        state, read = report.split("|")
+        assert state == "released"
+        assert "process group this KCP context was built on has been destroyed" in read

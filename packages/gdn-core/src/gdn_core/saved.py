@@ -17,7 +17,7 @@ import torch
 from gdn_core.chunking import ChunkIndex
 from gdn_core.validation import GDNShapes
 
-__all__ = ["GDNGrads", "GDNSaved", "GateSaved"]
+__all__ = ["GDNGrads", "GDNSaved", "GateSaved", "held", "saved_holder"]
 
 
 @dataclass
@@ -88,3 +88,27 @@ class GateSaved:
 # Their documented home (and the name errors print) is the composition's module.
 for _cls in (GDNSaved, GDNGrads):
     _cls.__module__ = "gdn_core.compose"
+
+
+# ------------------------------------------------------ eager saved objects --
+
+
+def saved_holder(obj: Any) -> torch.Tensor:
+    """A 0-element CPU tensor carrying ``obj``, for ``ctx.save_for_backward``.
+
+    An ``autograd.Function`` that keeps a Python saved set as a ``ctx`` attribute keeps
+    it for as long as its graph node lives: past the backward, while the caller still
+    holds the output (a training loop's ``loss`` of the previous step, a logged output),
+    so that step's intermediates overlap the next step's, and a KCP context holds its
+    process group into interpreter finalisation. Carried by a saved tensor instead,
+    ``obj`` goes when autograd frees the node's saved tensors: after a backward without
+    ``retain_graph``, as the inputs saved beside it do. Read it back with :func:`held`.
+    """
+    holder = torch.empty(0)
+    holder.gdn_saved = obj
+    return holder
+
+
+def held(holder: torch.Tensor) -> Any:
+    """The object :func:`saved_holder` put on ``holder`` (read from ``ctx.saved_tensors``)."""
+    return holder.gdn_saved

@@ -15,6 +15,14 @@ The training packages ``gdn_train_kcp`` and ``gdn_det_train_kcp`` wrap these
 in their own mode-typed classes and public names (docs/context-parallel.md).
 """
 
+import torch.distributed
+
+if torch.distributed.is_available():
+    # Imported before any process group exists, so that its functions' default arguments
+    # (``group=group.WORLD``, evaluated at import) hold None rather than pinning a live
+    # group past ``destroy_process_group()`` (the gloo exit abort: gdn_core.kcp.rankgroup).
+    import torch.distributed.nn.functional  # noqa: F401
+
 from gdn_core.kcp.compose import (
     EXCHANGES,
     KCPGradsBase,

@@ -15,6 +15,7 @@ The training packages subclass :class:`KCPContext` per mode
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -105,7 +106,10 @@ class KCPContext(ModeTyped):
         plan: the :class:`KCPPlan`; rank, world_size: this rank in it.
         table: host-side exchange metadata (:class:`RankTable`).
         device: where this rank's tensors live.
-        group: the process group (``None`` for one rank or a simulated world).
+        group: the process group (``None`` for one rank or a simulated world); held
+            weakly, so that a context kept to the end of a script does not keep its group
+            (and gloo's threads) alive past ``destroy_process_group()``; reading it after
+            the group was destroyed raises ``RuntimeError``.
         simulated: part of a simulated world (use the ``*_simulated`` calls).
         cu_seqlens: local document offsets, int32 on ``device`` (``[0, 0]``
             for an empty rank).
@@ -129,7 +133,7 @@ class KCPContext(ModeTyped):
     rank: int
     table: RankTable
     device: torch.device
-    group: Any = None
+    group_ref: weakref.ref | None = field(default=None, repr=False)
     simulated: bool = False
     cu_seqlens: torch.Tensor | None = None
     index: ChunkIndex | None = None
@@ -144,6 +148,22 @@ class KCPContext(ModeTyped):
     _halos: dict[int, ConvHalo] = field(default_factory=dict, repr=False)
     #: call signatures every rank of the group agreed on (:mod:`gdn_core.kcp.agree`)
     agreed_calls: set = field(default_factory=set, repr=False)
+
+    @property
+    def group(self) -> Any:
+        """The process group (``None`` for one rank or a simulated world).
+
+        Raises ``RuntimeError`` once the group was destroyed.
+        """
+        if self.group_ref is None:
+            return None
+        group = self.group_ref()
+        if group is None:
+            raise RuntimeError(
+                "the process group this KCP context was built on has been destroyed "
+                "(destroy_process_group); build a new context on a live group"
+            )
+        return group
 
     @property
     def world_size(self) -> int:
@@ -223,7 +243,8 @@ def _make(plan, rank, device, group, simulated, conv_kernel_size, context_cls) -
         first_index = chunk_index((0, table.first_length), device)
         last_index = chunk_index((0, table.num_tokens - table.last_start), device)
     ctx = context_cls(
-        plan=plan, rank=rank, table=table, device=device, group=group, simulated=simulated,
+        plan=plan, rank=rank, table=table, device=device,
+        group_ref=None if group is None else weakref.ref(group), simulated=simulated,
         cu_seqlens=torch.tensor(offs, dtype=torch.int32).to(device),
         index=index, first_index=first_index, last_index=last_index,
     )

@@ -1,0 +1,62 @@
+"""The eager autograd call frees its saved set with its saved tensors.
+
+A forward's intermediates (:class:`gdn_core.saved.GDNSaved`) go once a backward without
+``retain_graph`` has run, even while the caller still holds the output (a training loop's
+previous ``loss``): the previous step's intermediates would otherwise overlap the next
+step's forward. With ``retain_graph=True`` a second backward still works, bit for bit.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import pytest
+import torch
+from gdn_core.autograd import chunk_gdn_autograd
+from gdn_core.saved import held
+from gdn_core.testkit import make_inputs
+
+
+def _call(segment_size=None):
+    inputs, _, cot = make_inputs(T=200, H=1, HV=2, K=16, V=16, dtype=torch.float32,
+                                 device="cpu", initial_state=False)
+    leaves = {n: inputs[n].clone().requires_grad_(True) for n in ("q", "k", "v", "g", "beta")}
+    o, _ = chunk_gdn_autograd(*leaves.values(), cu_seqlens=[0, 150, 200], deterministic=True,
+                              segment_size=segment_size)
+    return o, leaves, cot["do"]
+
+
+def _saved_set(o):
+    holder = o.grad_fn.saved_tensors[-1]
+    core, _gate = held(holder)
+    return weakref.ref(core)
+
+
+@pytest.mark.parametrize("segment_size", [0, 64])
+def test_the_saved_set_goes_after_a_backward_while_the_output_lives(segment_size):
+    o, _, do = _call(segment_size)
+    ref = _saved_set(o)
+    gc.collect()
+    assert ref() is not None
+    o.backward(do)
+    gc.collect()
+    assert ref() is None, "the saved set outlived the backward (held by the graph node)"
+    with pytest.raises(RuntimeError, match="backward through the graph a second time"):
+        o.backward(do)
+
+
+def test_retain_graph_keeps_it_for_a_second_backward():
+    o, leaves, do = _call()
+    ref = _saved_set(o)
+    o.backward(do, retain_graph=True)
+    first = {n: t.grad.clone() for n, t in leaves.items()}
+    for t in leaves.values():
+        t.grad = None
+    gc.collect()
+    assert ref() is not None
+    o.backward(do)
+    for n, t in leaves.items():
+        assert torch.equal(t.grad, first[n]), n
+    gc.collect()
+    assert ref() is None
