@@ -7,6 +7,7 @@ or removed before the H200 measures the real ``torch.cuda.max_memory_allocated``
 (``bench_gdn_train.py``). The kernels run under Triton's interpreter.
 
     python benchmarks/memory_peak_cpu.py --package gdn_train --segment-size 0
+    python benchmarks/memory_peak_cpu.py --package gdn_det_train --training-loop
 
 The chunk-gradient stage runs the Triton pair here, which writes no result over its
 inputs; ``--as-gluon-grads`` counts as where the one-tile Gluon kernel runs (CUDA):
@@ -48,6 +49,9 @@ def main() -> None:
     p.add_argument("--segment-size", type=int, default=None)
     p.add_argument("--at-peak", type=int, default=0, metavar="N",
                    help="also list the N largest tensors live at the forward+backward peak")
+    p.add_argument("--training-loop", action="store_true",
+                   help="two steps of the autograd call, the first step's output kept alive "
+                        "through the second (as a loop's previous loss is): each step's peak")
     p.add_argument("--as-gluon-grads", action="store_true",
                    help="count the aliases of the Gluon chunk-gradient kernel (wrong grads)")
     args = p.parse_args()
@@ -91,18 +95,43 @@ def main() -> None:
     kw = {} if args.segment_size is None else {"segment_size": args.segment_size}
     if inp.cu_seqlens is not None:
         kw["cu_seqlens"] = inp.cu_seqlens
+    unit = T * HV * D * 2
+    if args.training_loop:
+        _training_loop(pkg, det, (q, k, v, g, beta), do, kw, unit, LiveBytesAtPeak)
+        return
     with LiveBytesAtPeak() as live:
         o, _, saved = fwd(q, k, v, g, beta, **kw)  # o stays alive, as in training
         fwd_peak = live.peak
         grads = bwd(saved, do)
         del o, grads
-    unit = T * HV * D * 2
     shown = {k: v for k, v in kw.items() if k != "cu_seqlens"}
     print(f"{args.package} T{T} H{H} HV{HV} D{D} docs{args.docs} {shown or '(default path)'}: "
           f"peak live memory forward {fwd_peak / unit:.2f}, forward+backward "
           f"{live.peak / unit:.2f} (units of one [T, HV, D] 16-bit tensor)")
     for n, name in sorted(live.at_peak, reverse=True)[:args.at_peak]:
         print(f"  {n / unit:6.2f}  {name}")
+
+
+def _training_loop(pkg, det: bool, inputs: tuple, do, kw: dict, unit: int, tracker) -> None:
+    """Two steps of ``o = call(...); o.backward(do)`` with step 1's ``o`` alive in step 2
+    (a loop's ``loss`` is reassigned only after the next forward): the peak of each step
+    above what was live at its start, and what step 1 left alive after its backward."""
+    call = pkg.chunk_gated_delta_rule_det if det else pkg.chunk_gated_delta_rule
+    leaves = [x.detach().requires_grad_() for x in inputs]
+    with tracker() as live:
+        kept, peaks, held = None, [], 0
+        for _ in range(2):
+            for x in leaves:
+                x.grad = None
+            start = live.peak = held = live.current
+            o, _ = call(*leaves, **kw)
+            o.backward(do)
+            peaks.append(live.peak - start)
+            kept = o  # noqa: F841 - held through the next step, as a loop's loss is
+    print(f"training loop ({call.__name__}, {kw.get('segment_size', 'default')} segments): "
+          f"step peaks {peaks[0] / unit:.2f} and {peaks[1] / unit:.2f} above their start; live "
+          f"at step 2's start {held / unit:.2f}; step 2's peak in all "
+          f"{(held + peaks[1]) / unit:.2f} (units of one [T, HV, D] 16-bit tensor)")
 
 
 if __name__ == "__main__":
