@@ -41,6 +41,11 @@ case ${1:?call t, 1b, 1, 2 or 3} in
       --shapes 1x32768x16x1,4x8192x16x1,1x32768x16x8 --segments 1024,2048,4096,0 \
       --iters 10 --rows 16 > "$LOG/profile_det_segments.txt" 2>&1
     echo "profile exit $?"; grep -E "^===|_kernel " "$LOG/profile_det_segments.txt" | cut -c1-60,150-200
+    # target 4 both ways: with --busy-us (no rank charged the host's enqueue: session 18's
+    # 1.015 on the H200) and without (rank 0 charged it where the host is slower:
+    # session 25's 1.434 on the H100); kcp_host_cpu.py has the host side
+    CALL_LIMIT=${CALL_LIMIT:-585} kcp_in_time 8 "--busy-us 3000" 160
+    mv "$LOG/kcp_w8" "$LOG/kcp_w8_busy" 2>/dev/null
     CALL_LIMIT=${CALL_LIMIT:-585} kcp_in_time 8
     pack call1 ;;
   1b)  # the short form (what the device time left allowed): host, the probes, the rule

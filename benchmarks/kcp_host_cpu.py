@@ -1,0 +1,92 @@
+"""Host time of a simulated KCP world against the ``local`` arm, on the CPU, kernels not run.
+
+    python benchmarks/kcp_host_cpu.py --world 8 --seqlen 65536 --docs 16 --heads 16 --dim 16
+
+(``kcp_bench.py``'s options; a small ``--dim`` keeps the CPU's allocations cheap: the host
+work depends on the plan, not on the head size.)
+
+The inputs, plan and callables are ``kcp_bench.py``'s (``--boundary segment``,
+deterministic package, the all-gather exchange). Every Triton launch returns at once
+(``TRITON_INTERPRET=1``, the interpreter's run stubbed), so what is timed is the host work
+of one forward+backward: of every rank's ``local`` call in turn, and of the simulated
+world's (which also pays the in-memory exchange). On a single GPU a simulated world that
+is host-bound shows its host ratio in ``kcp / local`` (issue 19's target 4): this says how
+much of that ratio the library's own Python can explain. The fold is routed to its Triton
+launcher, as on CUDA; every output is garbage.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import kcp_bench  # noqa: E402
+import torch  # noqa: E402
+import triton.runtime.interpreter as interpreter  # noqa: E402
+
+
+def route_fold_to_triton() -> None:
+    """Send the fp32 fold to its Triton launcher, as on CUDA (the CPU's default is its torch
+    form, whose host cost is not the GPU's)."""
+    import gdn_core.kcp.fold as fold
+
+    real = fold.resolve_fold_impl
+    fold.resolve_fold_impl = lambda d, t, impl=None: (
+        "triton" if impl is None and t == torch.float32 else real(d, t, impl))
+
+
+def _median_ms(fn, iters: int) -> float:
+    fn()  # the first call builds what later calls reuse (plans, tables)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    spec = kcp_bench.PACKAGES["det"]
+    args = kcp_bench.parse_args(spec, ["--simulate", "--boundary", "segment", "--device", "cpu",
+                                       *argv])
+    torch.set_num_threads(1)
+    interpreter.InterpretedFunction.run = lambda self, *a, **k: None  # launches cost nothing
+    route_fold_to_triton()
+    dev = torch.device("cpu")
+    api = kcp_bench.load_api(spec, ["local", "kcp"], True)
+    prob = kcp_bench.make_problem(api, args, dev)
+    W = args.world
+    locals_ = [kcp_bench._local_callables(api, prob, r, args, dev)[1] for r in range(W)]
+    ctxs = api.kcp_attr("build_simulated")(prob.plan, device=dev)
+    _, kcp = kcp_bench._simulated_callables(api, prob, ctxs, "kcp", args, dev)
+
+    local = [_median_ms(step, args.iters) for step in locals_]
+    clock = kcp_bench._SegmentClock(dev, W)
+    per_rank: list[list[float]] = [[] for _ in range(W)]
+    with kcp_bench._timed_simulation(clock):
+        kcp()
+        clock.collect()
+        for _ in range(args.iters):
+            kcp()
+            for r, ms in enumerate(clock.collect()):
+                per_rank[r].append(ms)
+    ranks = [statistics.median(t) for t in per_rank]
+    print(f"world {W}, T{args.seqlen} H{args.heads} {args.docs} docs, host ms of one "
+          f"forward+backward a rank, launches stubbed (kcp: its stretches between exchanges, "
+          f"as kcp_bench.py charges them)")
+    for r in range(W):
+        print(f"  rank {r}: local {local[r]:.3f}, kcp {ranks[r]:.3f}, "
+              f"kcp / local {ranks[r] / local[r]:.2f}")
+    print(f"slowest rank: local {max(local):.3f}, kcp {max(ranks):.3f}, "
+          f"kcp / local {max(ranks) / max(local):.2f}")
+
+
+if __name__ == "__main__":
+    main()
