@@ -81,9 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"world {W}, T{args.seqlen} H{args.heads} {args.docs} docs, host ms of one "
           f"forward+backward a rank, launches stubbed (kcp: its stretches between exchanges, "
           f"as kcp_bench.py charges them)")
+    shards = kcp_bench.plan_summary(prob.plan, W)
     for r in range(W):
-        print(f"  rank {r}: local {local[r]:.3f}, kcp {ranks[r]:.3f}, "
-              f"kcp / local {ranks[r] / local[r]:.2f}")
+        ratio = f"{ranks[r] / local[r]:.2f}" if shards[r]["tokens"] else "- (an empty shard)"
+        print(f"  rank {r}: local {local[r]:.3f}, kcp {ranks[r]:.3f}, kcp / local {ratio}")
     print(f"slowest rank: local {max(local):.3f}, kcp {max(ranks):.3f}, "
           f"kcp / local {max(ranks) / max(local):.2f}")
 

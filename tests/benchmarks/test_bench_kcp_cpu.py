@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -157,3 +158,21 @@ def test_cpu_needs_explicit_sizes_and_valid_arms():
     assert proc.returncode == 2 and "--seqlen" in proc.stderr
     proc = _run("det", "--base", "local,bogus", *TINY)
     assert proc.returncode == 2 and "bogus" in proc.stderr
+
+
+def test_kcp_host_cpu_times_every_rank_of_the_world():
+    """``kcp_host_cpu.py`` (launches stubbed) reports each rank's local and KCP host time and
+    the slowest rank's ratio, for the world asked."""
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "benchmarks" / "kcp_host_cpu.py"), "--world", "3",
+         "--seqlen", "600", "--docs", "3", "--heads", "1", "--dim", "16", "--iters", "2"],
+        capture_output=True, text=True, timeout=300, cwd=REPO_ROOT, env=_env())
+    assert proc.returncode == 0, proc.stderr
+    ranks = re.findall(r"rank (\d): local (\d+\.\d+), kcp (\d+\.\d+), kcp / local (\S+)",
+                       proc.stdout)
+    assert [r[0] for r in ranks] == ["0", "1", "2"], proc.stdout
+    # 600 tokens cut only at document starts (segments of 4096): the last shard is empty
+    assert [r[3] == "-" for r in ranks] == [False, False, True], proc.stdout
+    assert all(float(kcp) > 0 for _, _, kcp, _ in ranks)
+    assert re.search(r"slowest rank: local \d+\.\d+, kcp \d+\.\d+, kcp / local \d+\.\d+",
+                     proc.stdout), proc.stdout
