@@ -1,9 +1,11 @@
-"""The eager autograd call frees its saved set with its saved tensors.
+"""The eager autograd call drops its saved set when its backward frees the graph.
 
-A forward's intermediates (:class:`gdn_core.saved.GDNSaved`) go once a backward without
-``retain_graph`` has run, even while the caller still holds the output (a training loop's
-previous ``loss``): the previous step's intermediates would otherwise overlap the next
-step's forward. With ``retain_graph=True`` a second backward still works, bit for bit.
+A forward's intermediates (:class:`gdn_core.saved.GDNSaved`, a ``ctx`` attribute of the
+node) go once a backward without ``retain_graph`` has run, even while the caller still
+holds the output (a training loop's previous ``loss``): the previous step's intermediates
+would otherwise overlap the next step's forward. With ``retain_graph=True`` a second
+backward still works, bit for bit; and saved-tensor hooks that copy what they pack (CPU
+offloading with pinned memory) see the inputs only, as before.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import weakref
 import pytest
 import torch
 from gdn_core.autograd import chunk_gdn_autograd
-from gdn_core.saved import held
 from gdn_core.testkit import make_inputs
 
 
@@ -27,16 +28,17 @@ def _call(segment_size=None):
     return o, leaves, cot["do"]
 
 
-def _saved_set(o):
-    holder = o.grad_fn.saved_tensors[-1]
-    core, _gate = held(holder)
-    return weakref.ref(core)
+def _grads(leaves):
+    out = {n: t.grad.clone() for n, t in leaves.items()}
+    for t in leaves.values():
+        t.grad = None
+    return out
 
 
 @pytest.mark.parametrize("segment_size", [0, 64])
 def test_the_saved_set_goes_after_a_backward_while_the_output_lives(segment_size):
     o, _, do = _call(segment_size)
-    ref = _saved_set(o)
+    ref = weakref.ref(o.grad_fn.core)
     gc.collect()
     assert ref() is not None
     o.backward(do)
@@ -48,15 +50,27 @@ def test_the_saved_set_goes_after_a_backward_while_the_output_lives(segment_size
 
 def test_retain_graph_keeps_it_for_a_second_backward():
     o, leaves, do = _call()
-    ref = _saved_set(o)
+    ref = weakref.ref(o.grad_fn.core)
     o.backward(do, retain_graph=True)
-    first = {n: t.grad.clone() for n, t in leaves.items()}
-    for t in leaves.values():
-        t.grad = None
+    first = _grads(leaves)
     gc.collect()
     assert ref() is not None
     o.backward(do)
-    for n, t in leaves.items():
-        assert torch.equal(t.grad, first[n]), n
+    for n, t in _grads(leaves).items():
+        assert torch.equal(t, first[n]), n
     gc.collect()
     assert ref() is None
+
+
+def test_a_copying_saved_tensors_hook_leaves_the_backward_whole():
+    """A hook that packs copies (as ``save_on_cpu(pin_memory=True)`` does) gives the same
+    gradients: the saved set is not a saved tensor, so no hook can lose it."""
+    o, leaves, do = _call()
+    o.backward(do)
+    want = _grads(leaves)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        o, _ = chunk_gdn_autograd(*leaves.values(), cu_seqlens=[0, 150, 200],
+                                  deterministic=True)
+    o.backward(do)
+    for n, t in _grads(leaves).items():
+        assert torch.equal(t, want[n]), n

@@ -21,7 +21,7 @@ from gdn_core.chunking import CHUNK_SIZE
 from gdn_core.compose import bwd, fwd
 from gdn_core.custom_ops import register_handle
 from gdn_core.plan import make_plan, resolve_backend
-from gdn_core.saved import GateSaved, GDNSaved, held, saved_holder
+from gdn_core.saved import GateSaved, GDNSaved, graph_is_released
 from gdn_core.typed import TypedSaved, TypedWorkspace, input_versions, modified_input_error
 from gdn_core.validation import GDNShapes, check_bool, check_input_values
 
@@ -256,9 +256,8 @@ class ChunkGDNFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, plan, workspace, q, k, v, g, beta, initial_state, A_log, dt_bias):
         o, final, core, gate = fwd(plan, q, k, v, g, beta, initial_state, A_log, dt_bias)
-        ctx.save_for_backward(q, k, v, g, beta, initial_state, A_log, dt_bias,
-                              saved_holder((core, gate)))
-        ctx.plan, ctx.workspace = plan, workspace
+        ctx.save_for_backward(q, k, v, g, beta, initial_state, A_log, dt_bias)
+        ctx.core, ctx.gate, ctx.plan, ctx.workspace = core, gate, plan, workspace
         ctx.h0_dtype = None if initial_state is None else initial_state.dtype
         ctx.set_materialize_grads(False)
         if final is None:
@@ -267,15 +266,16 @@ class ChunkGDNFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, do, dfinal):
-        # the inputs are unpacked for autograd's in-place (version) check
-        core, gate = held(ctx.saved_tensors[-1])
-        plan = ctx.plan
+        ctx.saved_tensors  # noqa: B018 -- autograd's in-place (version) check
+        core, gate, plan = ctx.core, ctx.gate, ctx.plan
         s = core.shapes
         if do is None:
             do = torch.zeros(s.B, s.T, s.HV, s.V, dtype=core.v.dtype, device=core.device)
         dht = dfinal if (plan.output_final_state and dfinal is not None) else None
         ws = ctx.workspace.core_for(core) if ctx.workspace is not None else None
         grads, dA_log, ddt_bias = bwd(core, gate, do.contiguous(), dht, workspace=ws)
+        if graph_is_released():  # the saved set goes with the saved tensors, not the node
+            ctx.core = ctx.gate = None
         dh0 = grads.dh0
         if dh0 is not None and ctx.h0_dtype is not None:
             dh0 = dh0.to(ctx.h0_dtype)

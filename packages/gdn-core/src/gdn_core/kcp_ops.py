@@ -74,7 +74,7 @@ from gdn_core.kcp.conv import (
     kcp_conv_forward_simulated,
 )
 from gdn_core.layout import VarlenLayout
-from gdn_core.saved import held, saved_holder
+from gdn_core.saved import graph_is_released
 from gdn_core.typed import require_instance
 
 __all__ = [
@@ -496,24 +496,26 @@ class KCPOps:
 class _KCPGDNFunction(torch.autograd.Function):
     """The eager form of ``ns::kcp_chunk_gated_delta_rule``: the same forward and
     backward bodies (:meth:`KCPOps._gdn_forward`, :meth:`KCPOps._gdn_backward`), what the
-    backward reads carried by a saved tensor instead of the stash (freed with the saved
-    tensors: :func:`gdn_core.saved.saved_holder`); the shards are saved for autograd's
-    in-place check."""
+    backward reads held by the node instead of the stash, and dropped by a backward that
+    frees the graph (:func:`gdn_core.saved.graph_is_released`); the shards are saved for
+    autograd's in-place check."""
 
     @staticmethod
     def forward(ctx, ops, context, workspace, scale, l2, exchange, backend, q, k, v, g, beta):
         o, entry = ops._gdn_forward(q, k, v, g, beta, context, workspace, scale, l2, exchange,
                                     backend)
-        ctx.save_for_backward(q, k, v, g, beta, saved_holder(entry))
-        ctx.ops = ops
+        ctx.save_for_backward(q, k, v, g, beta)
+        ctx.ops, ctx.entry = ops, entry
         return o
 
     @staticmethod
     def backward(ctx, do):
-        # the shards are unpacked for autograd's in-place (version) check
-        entry = held(ctx.saved_tensors[-1])
+        ctx.saved_tensors  # noqa: B018 -- autograd's in-place (version) check
         # ``do`` is never None: autograd materialises an unused output's gradient as zeros
-        return (None,) * 7 + tuple(ctx.ops._gdn_backward(entry, do))
+        grads = tuple(ctx.ops._gdn_backward(ctx.entry, do))
+        if graph_is_released():  # the saved set (its context, its group) goes now
+            ctx.entry = None
+        return (None,) * 7 + grads
 
 
 def _list(xs, W: int, name: str) -> list:

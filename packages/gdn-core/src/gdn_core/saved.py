@@ -17,7 +17,7 @@ import torch
 from gdn_core.chunking import ChunkIndex
 from gdn_core.validation import GDNShapes
 
-__all__ = ["GDNGrads", "GDNSaved", "GateSaved", "held", "saved_holder"]
+__all__ = ["GDNGrads", "GDNSaved", "GateSaved", "graph_is_released"]
 
 
 @dataclass
@@ -90,25 +90,25 @@ for _cls in (GDNSaved, GDNGrads):
     _cls.__module__ = "gdn_core.compose"
 
 
+
 # ------------------------------------------------------ eager saved objects --
 
+#: torch's own test (AOTAutograd releases its saved state with it); None on a torch without
+_KEEP_GRAPH = getattr(torch._C._autograd, "_get_current_graph_task_keep_graph", None)
 
-def saved_holder(obj: Any) -> torch.Tensor:
-    """A 0-element CPU tensor carrying ``obj``, for ``ctx.save_for_backward``.
+
+def graph_is_released() -> bool:
+    """Whether the backward running now frees its graph (no ``retain_graph``, no
+    ``create_graph``): called inside an ``autograd.Function.backward``.
 
     An ``autograd.Function`` that keeps a Python saved set as a ``ctx`` attribute keeps
     it for as long as its graph node lives: past the backward, while the caller still
     holds the output (a training loop's ``loss`` of the previous step, a logged output),
     so that step's intermediates overlap the next step's, and a KCP context holds its
-    process group into interpreter finalisation. Carried by a saved tensor instead,
-    ``obj`` goes when autograd frees the node's saved tensors: after a backward without
-    ``retain_graph``, as the inputs saved beside it do. Read it back with :func:`held`.
+    process group into interpreter finalisation. Such a backward drops the attribute when
+    this is true, as autograd then drops the saved tensors beside it (a second backward
+    raises autograd's own error before reading it); with ``retain_graph`` the set stays
+    for the next backward. ``False`` on a torch that does not tell (the set then lives
+    with the node, as before).
     """
-    holder = torch.empty(0)
-    holder.gdn_saved = obj
-    return holder
-
-
-def held(holder: torch.Tensor) -> Any:
-    """The object :func:`saved_holder` put on ``holder`` (read from ``ctx.saved_tensors``)."""
-    return holder.gdn_saved
+    return _KEEP_GRAPH is not None and not _KEEP_GRAPH()

@@ -14,12 +14,12 @@ through a ``noexcept`` C++ frame calls ``std::terminate`` ("terminate called
 without an active exception", SIGABRT). A failed rank pins the group the same
 way through the traceback of its error (its frames hold contexts and groups).
 
-Two more holders are closed in the library itself: importing :mod:`gdn_core.kcp`
-imports that module (so a script that imports the KCP packages before it initialises
-its group is safe with plain ``init_process_group``), a
-:class:`~gdn_core.kcp.context.KCPContext` holds its group weakly, and an eager autograd
-node frees its saved set (which refers to the context) with its saved tensors
-(:func:`gdn_core.saved.saved_holder`), not when the output is dropped.
+The library itself closes three holders: importing :mod:`gdn_core.kcp` imports that
+module (so a script that imports the KCP packages before it initialises its group is
+safe with plain ``init_process_group``), a :class:`~gdn_core.kcp.context.KCPContext`
+holds its group weakly, and an eager autograd node drops its saved set (which refers to
+the context) when its backward frees the graph (:func:`gdn_core.saved.graph_is_released`),
+not when the output is dropped.
 
 :func:`init_rank_group` imports that module *before* the group exists (its
 defaults then hold ``None``); :func:`destroy_rank_group` destroys the group and
