@@ -47,6 +47,16 @@ def _inputs(B, T, docs, H=1, D=16):
     return (q, k, v, g, beta), do, cu
 
 
+def route_fold_to_triton() -> None:
+    """Send the fp32 fold to its Triton launcher, as on CUDA (the CPU's default is its torch
+    form, whose host cost is not the GPU's)."""
+    import gdn_core.kcp.fold as fold
+
+    real = fold.resolve_fold_impl
+    fold.resolve_fold_impl = lambda d, t, impl=None: (
+        "triton" if impl is None and t == torch.float32 else real(d, t, impl))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--shapes", default="1x8192x1,4x8192x1,1x32768x1,1x32768x8",
@@ -58,12 +68,9 @@ def main() -> None:
     args = p.parse_args()
 
     interp.InterpretedFunction.run = lambda self, *a, **k: None  # launches cost nothing
-    import gdn_core.kcp.fold as fold
     import gdn_det_train as det
 
-    real = fold.resolve_fold_impl
-    fold.resolve_fold_impl = lambda d, t, impl=None: (
-        "triton" if impl is None and t == torch.float32 else real(d, t, impl))
+    route_fold_to_triton()
 
     for seg in (int(s) for s in args.segments.split(",")):
         for spec in args.shapes.split(","):

@@ -20,35 +20,16 @@ from __future__ import annotations
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 import kcp_bench  # noqa: E402
 import torch  # noqa: E402
 import triton.runtime.interpreter as interpreter  # noqa: E402
-
-
-def route_fold_to_triton() -> None:
-    """Send the fp32 fold to its Triton launcher, as on CUDA (the CPU's default is its torch
-    form, whose host cost is not the GPU's)."""
-    import gdn_core.kcp.fold as fold
-
-    real = fold.resolve_fold_impl
-    fold.resolve_fold_impl = lambda d, t, impl=None: (
-        "triton" if impl is None and t == torch.float32 else real(d, t, impl))
-
-
-def _median_ms(fn, iters: int) -> float:
-    fn()  # the first call builds what later calls reuse (plans, tables)
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+from host_overhead_cpu import route_fold_to_triton  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -67,7 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     ctxs = api.kcp_attr("build_simulated")(prob.plan, device=dev)
     _, kcp = kcp_bench._simulated_callables(api, prob, ctxs, "kcp", args, dev)
 
-    local = [_median_ms(step, args.iters) for step in locals_]
+    local = [common.time_fn(step, device=dev, warmup=1, iters=args.iters,
+                            flush_l2=False).median for step in locals_]
     clock = kcp_bench._SegmentClock(dev, W)
     per_rank: list[list[float]] = [[] for _ in range(W)]
     with kcp_bench._timed_simulation(clock):

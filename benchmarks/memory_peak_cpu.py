@@ -115,11 +115,12 @@ def main() -> None:
 def _training_loop(pkg, det: bool, inputs: tuple, do, kw: dict, unit: int, tracker) -> None:
     """Two steps of ``o = call(...); o.backward(do)`` with step 1's ``o`` alive in step 2
     (a loop's ``loss`` is reassigned only after the next forward): the peak of each step
-    above what was live at its start, and what step 1 left alive after its backward."""
+    above what was live at its start, and what was live when step 2 began (step 1's
+    ``o`` and whatever its graph still held)."""
     call = pkg.chunk_gated_delta_rule_det if det else pkg.chunk_gated_delta_rule
     leaves = [x.detach().requires_grad_() for x in inputs]
     with tracker() as live:
-        kept, peaks, held = None, [], 0
+        peaks, held = [], 0
         for _ in range(2):
             for x in leaves:
                 x.grad = None

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The next session's device calls (written in session 30; session 31 got no device time
-# and added call t), back to back in one warm window (the machine keeps /tmp only while
-# warm, ~30 s idle):
+# The next session's device calls, back to back in one warm window (the machine keeps /tmp
+# only while warm, ~30 s idle). Written in session 30 as h200_s30_validate.sh, which never
+# ran (no device that session); session 31 got none either and added call t:
 #
 #   call t, no carry:                  bash tools/h200_s31_validate.sh t
 #       every gpu-marked test of the four GDN packages (SUITE_WORKERS 6: an H100's memory),

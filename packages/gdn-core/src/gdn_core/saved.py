@@ -90,7 +90,6 @@ for _cls in (GDNSaved, GDNGrads):
     _cls.__module__ = "gdn_core.compose"
 
 
-
 # ------------------------------------------------------ eager saved objects --
 
 #: torch's own test (AOTAutograd releases its saved state with it); None on a torch without
