@@ -5,8 +5,9 @@
 #
 #   call t, no carry:                  bash tools/h200_s31_validate.sh t
 #       every gpu-marked test of the four GDN packages (SUITE_WORKERS 6: an H100's memory),
-#       first: session 31 changed the eager autograd path (the saved set on a saved tensor,
-#       gdn_core.saved.saved_holder) and the KCP context (its group held weakly)
+#       first: session 31 changed the eager autograd path (the saved set dropped at the end
+#       of a backward that frees the graph, gdn_core.saved.graph_is_released) and the KCP
+#       context (its group held weakly)
 #   call 1b, no carry (~3 min):        bash tools/h200_s31_validate.sh 1b
 #       the host profile, the device-thread probes plain and pinned, gdn_train's segment rule
 #   call 1, no carry:                  bash tools/h200_s31_validate.sh 1
