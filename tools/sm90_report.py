@@ -361,8 +361,8 @@ def gluon_state_bwd_reports() -> None:
 def gluon_wy_reports() -> None:
     """The Gluon WY kernel (:mod:`gdn_core.ops.gluon.wy`) as its launcher builds it: bf16,
     K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2), 4 warps
-    (the launcher's) and 8 (two warpgroups), TMA descriptors over ``[T, H·K]`` / ``[T,
-    HV·V]``; then the Triton ``_wy_kernel`` (inverting, the pinned configuration) beside it."""
+    (the launcher's) and 8 (two warpgroups), and the inverse alone (``STORE_WU`` off), TMA
+    descriptors over ``[T, H·K]`` / ``[T, HV·V]``; then the Triton ``_wy_kernel`` (inverting, the pinned configuration) beside it."""
     import torch
     from gdn_core.ops.gluon import wy as gw
     from gdn_core.ops.gluon.tma import descriptor
@@ -378,11 +378,13 @@ def gluon_wy_reports() -> None:
         args = dict(gw._descriptors(k, v, w, w), a_desc=descriptor(a16.view(T, HV * 64), [64, 64]),
                     beta=torch.zeros(T, HV, dtype=bf), G=torch.zeros(T, HV), A_inv=a16, W=w,
                     U=w, chunk_start=i32, chunk_len=i32, HV=HV)
-        for warps, merge in ((gw.GLUON_WY_WARPS, 32), (gw.GLUON_WY_WARPS, 16), (8, 32)):
-            print(f"H={H} HV={HV} MERGE_K={merge}")
+        for warps, merge, wu in ((gw.GLUON_WY_WARPS, 32, True), (gw.GLUON_WY_WARPS, 16, True),
+                                 (8, 32, True), (gw.GLUON_WY_WARPS, 32, False)):
+            print(f"H={H} HV={HV} MERGE_K={merge} STORE_WU={wu}")
             report_gluon(gw._wy_fwd_gluon_kernel, args,
-                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=16, MERGE_K=merge),
-                         num_warps=warps)
+                         dict(GROUP=HV // H, K=K, V=K, BT=64, STORE_A=16, MERGE_K=merge,
+                              STORE_WU=wu),
+                         num_warps=warps, maxnreg=gw.GLUON_WY_MAXNREG)
     _wy_triton_report(invert_modes=(True,))
 
 
@@ -434,9 +436,36 @@ def gluon_recompute_reports() -> None:
         print(f"H={H} HV={HV} STAGES={rc.GLUON_RECOMPUTE_STAGES} "
               f"F_REGS={rc.GLUON_RECOMPUTE_F_REGS}")
         out = report_gluon(rc._recompute_gluon_kernel, args,
-                           dict(K=K, V=K, BT=64, STAGES=rc.GLUON_RECOMPUTE_STAGES,
+                           dict(GROUP=HV // H, K=K, V=K, BT=64, STAGES=rc.GLUON_RECOMPUTE_STAGES,
                                 USE_H0=True, F_REGS=rc.GLUON_RECOMPUTE_F_REGS, ORDERED=True),
                            num_warps=8, maxnreg=rc._MAXNREG)
+        print_specialised(out["ptx"])
+
+
+def gluon_fused_fwd_formed_reports() -> None:
+    """The fused forward with W and U formed on chip
+    (:mod:`gdn_core.ops.gluon.fused_fwd_formed`) as its launcher builds it: bf16, K = V =
+    128, chunks of 64, group 1 and 2, with ``h0`` and the final state, ordered documents."""
+    import torch
+    from gdn_core.ops.gluon import fused_fwd_formed as fm
+
+    T, N, K = 1024, 4, 128
+    bf = torch.bfloat16
+    for H, HV in ((16, 16), (8, 16)):
+        q = torch.zeros(T, H, K, dtype=bf)
+        v = torch.zeros(T, HV, K, dtype=bf)
+        a = torch.zeros(T, HV, 64, dtype=bf)
+        i32 = torch.zeros(N + 1, dtype=torch.int32)
+        args = dict(fm._descriptors(q, q, v, a), G=torch.zeros(T, HV),
+                    beta=torch.zeros(T, HV, dtype=bf), h0=torch.zeros(N, HV, K, K), o=v,
+                    ht=torch.zeros(N, HV, K, K), doc_offsets=i32, doc_order=i32, scale=0.5,
+                    HV=HV)
+        print(f"H={H} HV={HV} O_REGS={fm.GLUON_FORMED_O_REGS}")
+        out = report_gluon(fm._fused_fwd_formed_kernel, args,
+                           dict(GROUP=HV // H, K=K, V=K, BT=64, KV_STAGES=fm._KV_STAGES,
+                                STAGES=fm._STAGES, USE_H0=True, STORE_FINAL=True,
+                                O_REGS=fm.GLUON_FORMED_O_REGS, ORDERED=True),
+                           num_warps=8, maxnreg=fm._MAXNREG)
         print_specialised(out["ptx"])
 
 
@@ -783,6 +812,7 @@ if __name__ == "__main__":
              "gluon_wy": gluon_wy_reports,
              "gluon_fused_fwd": gluon_fused_fwd_reports, "gluon_state": gluon_state_reports,
              "gluon_recompute": gluon_recompute_reports,
+             "gluon_fused_fwd_formed": gluon_fused_fwd_formed_reports,
              "gluon_dv_local": gluon_dv_local_reports, "gluon_wy_apply": gluon_wy_apply_reports,
              "fused_fwd": fused_fwd_reports, "fused_state": fused_state_reports,
              "fused_bwd": fused_bwd_reports, "summary": summary_reports,

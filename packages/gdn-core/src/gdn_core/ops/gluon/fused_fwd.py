@@ -209,6 +209,51 @@ def _chain_partition(q_desc, k_desc, w_desc, u_desc, q_s, k_s, w_s, u_s, h_s, vo
 
 
 @gluon.jit
+def _causal_scores(q_t, k_t, g1, n, ri, cj, AL: gl.constexpr):
+    """``A = where(i ≥ j, i < n: (Q Kᵀ) ⊙ e^{G_i − G_j}, 0)`` of one chunk (fp32, layout
+    ``AL``; the exponent masked before ``exp``): ``q_t``, ``k_t`` its shared tiles, ``g1``
+    its ``G`` (any 1-D layout, 0 past ``n``), ``ri``/``cj`` the row/column indices in
+    ``AL``'s slices. Rows or columns ``≥ n`` of K never reach a kept entry."""
+    BT: gl.constexpr = q_t.shape[0]
+    a = warpgroup_mma(q_t, k_t.permute((1, 0)), gl.zeros([BT, BT], gl.float32, AL),
+                      use_acc=False, is_async=True)
+    a = warpgroup_mma_wait(0, deps=[a, q_t, k_t])[0]
+    g_i = gl.convert_layout(g1, gl.SliceLayout(1, AL))
+    g_j = gl.convert_layout(g1, gl.SliceLayout(0, AL))
+    causal = gl.where(ri < n, ri, -1)[:, None] >= cj[None, :]
+    return gl.where(causal, a * gl.exp(gl.where(causal, g_i[:, None] - g_j[None, :], 0.0)),
+                    0.0)
+
+
+@gluon.jit
+def _output_products(q_t, h_s, a, vo_s, vo_ready, phase, g1, A16: gl.constexpr,
+                     OL: gl.constexpr):
+    """``(Q h_c) ⊙ e^G + round(A) vo`` of one chunk (fp32, layout ``OL``), unscaled:
+    ``Q h_c`` issued first, ``A`` (fp32 from :func:`_causal_scores`, or already rounded
+    into ``A16``) rounded beside it, then ``vo`` awaited on ``vo_ready`` at ``phase``.
+    Waited; the caller barriers before releasing the tiles."""
+    BT: gl.constexpr = q_t.shape[0]
+    V: gl.constexpr = h_s.shape[1]
+    acc = warpgroup_mma(q_t, h_s, gl.zeros([BT, V], gl.float32, OL), use_acc=False,
+                        is_async=True)
+    a16 = gl.convert_layout(a.to(q_t.dtype), A16)
+    acc = warpgroup_mma_wait(0, deps=[acc, q_t, h_s])[0]
+    acc = acc * gl.exp(gl.convert_layout(g1, gl.SliceLayout(1, OL)))[:, None]
+    mbarrier.wait(vo_ready, phase)
+    acc = warpgroup_mma(a16, vo_s, acc, is_async=True)
+    return warpgroup_mma_wait(0, deps=[acc, vo_s])[0]
+
+
+@gluon.jit
+def _store_rows_below(o, out, t0, col, n, row_stride, ro, co):
+    """Rows ``< n`` of the ``[64, D]`` register tile ``out`` to rows ``t0 + [0, n)``,
+    columns ``col + [0, D)`` of ``o`` (row stride ``row_stride``); ``ro``/``co`` its
+    row/column indices in ``out``'s layout's slices."""
+    offs = (t0 + ro).to(gl.int64)[:, None] * row_stride + (col + co)[None, :]
+    gl.store(o + offs, out, mask=(ro < n)[:, None] & (co >= 0)[None, :])
+
+
+@gluon.jit
 def _output_partition(q_s, k_s, h_s, vo_s, o_s, ld_ready, h_ready, vo_ready, o_free, o_desc,
                       G, o, doc_offsets, i_n, i_hv, HV, scale, V: gl.constexpr,
                       BT: gl.constexpr, STAGES: gl.constexpr):
@@ -235,22 +280,8 @@ def _output_partition(q_s, k_s, h_s, vo_s, o_s, ld_ready, h_ready, vo_ready, o_f
         g1 = gl.load(G + (t0.to(gl.int64) * HV + i_hv) + r1 * HV, mask=r1 < n, other=0.0)
         mbarrier.wait(ld_ready.index(s), (c // STAGES) & 1)
         mbarrier.wait(h_ready, c & 1)  # h_c published, a short chunk's K rows zeroed
-        a = warpgroup_mma(q_s.index(s), k_s.index(s).permute((1, 0)),
-                          gl.zeros([BT, BT], gl.float32, AL), use_acc=False, is_async=True)
-        a = warpgroup_mma_wait(0, deps=[a, q_s.index(s), k_s.index(s)])[0]
-        g_i = gl.convert_layout(g1, gl.SliceLayout(1, AL))
-        g_j = gl.convert_layout(g1, gl.SliceLayout(0, AL))
-        causal = gl.where(ri < n, ri, -1)[:, None] >= cj[None, :]
-        a = gl.where(causal, a * gl.exp(gl.where(causal, g_i[:, None] - g_j[None, :], 0.0)),
-                     0.0)
-        acc = warpgroup_mma(q_s.index(s), h_s, gl.zeros([BT, V], gl.float32, OL),
-                            use_acc=False, is_async=True)
-        a16 = gl.convert_layout(a.to(dtype), A16)
-        acc = warpgroup_mma_wait(0, deps=[acc, q_s.index(s), h_s])[0]
-        acc = acc * gl.exp(gl.convert_layout(g1, gl.SliceLayout(1, OL)))[:, None]
-        mbarrier.wait(vo_ready, c & 1)
-        acc = warpgroup_mma(a16, vo_s, acc, is_async=True)
-        acc = warpgroup_mma_wait(0, deps=[acc, vo_s])[0]
+        a = _causal_scores(q_s.index(s), k_s.index(s), g1, n, ri, cj, AL)
+        acc = _output_products(q_s.index(s), h_s, a, vo_s, vo_ready, c & 1, g1, A16, OL)
         gl.thread_barrier()  # every warp's products have read q, k, h_c and vo
         mbarrier.arrive(o_free, count=1)
         out = (acc * scale).to(dtype)
@@ -262,8 +293,7 @@ def _output_partition(q_s, k_s, h_s, vo_s, o_s, ld_ready, h_ready, vo_ready, o_f
             gl.thread_barrier()
             tma.async_copy_shared_to_global(o_desc, [t0, tv], o_s)
         else:  # rows < n only: a TMA box would write the next document's rows
-            offs = (t0 + ro).to(gl.int64)[:, None] * (HV * V) + (tv + co)[None, :]
-            gl.store(o + offs, out, mask=(ro < n)[:, None] & (co < V)[None, :])
+            _store_rows_below(o, out, t0, tv, n, HV * V, ro, co)
     tma.store_wait(0)
 
 

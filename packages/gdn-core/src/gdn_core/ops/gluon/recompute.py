@@ -116,12 +116,47 @@ def _scaled_rows(x_s, scale, rio, n, IO: gl.constexpr):
 
 
 @gluon.jit
+def _beta_and_gate(beta, G, t0, i_hv, HV, rio, n):
+    """``(β, G)`` of the chunk at row ``t0`` of value head ``i_hv`` as fp32 in ``rio``'s
+    layout, 0 past ``n``."""
+    p_r = t0.to(gl.int64) * HV + i_hv
+    b = gl.load(beta + p_r + rio * HV, mask=rio < n, other=0.0).to(gl.float32)
+    return b, gl.load(G + p_r + rio * HV, mask=rio < n, other=0.0)
+
+
+@gluon.jit
+def _form_wu(k_t, v_t, a_t, w_t, u_t, b, g, rio, n, zw, IO: gl.constexpr):
+    """One chunk's ``W`` and ``U`` formed into the tiles ``w_t`` and ``u_t`` (``u_t`` may be
+    ``v_t`` itself: each thread rewrites the elements it read): ``round(K ⊙ (β e^G))`` into
+    ``w_t`` and ``round(V ⊙ β)`` into ``u_t`` (rows ``≥ n`` 0), then ``W = A_inv ·`` the one
+    over it and ``U = A_inv ·`` the other over that; fenced and CTA-barriered for a wgmma
+    that reads them. ``b``, ``g``: the chunk's ``β`` and ``G`` in ``rio``'s layout, 0 past
+    ``n``; ``zw``: a zero ``[64, 128]`` accumulator. Returns ``W`` (16-bit, ``zw``'s
+    layout) for a masked store. Shared with :mod:`gdn_core.ops.gluon.fused_fwd_formed`."""
+    dtype: gl.constexpr = k_t.dtype
+    w_t.store(_scaled_rows(k_t, b * gl.exp(g), rio, n, IO))
+    u_t.store(_scaled_rows(v_t, b, rio, n, IO))
+    fence_async_shared()
+    gl.thread_barrier()
+    w = warpgroup_mma(a_t, w_t, zw, use_acc=False, is_async=True)
+    w = warpgroup_mma_wait(0, deps=[w, a_t, w_t])[0].to(dtype)
+    u = warpgroup_mma(a_t, u_t, zw, use_acc=False, is_async=True)
+    gl.thread_barrier()  # every warp's W product has read the operand tile
+    w_t.store(w)
+    u = warpgroup_mma_wait(0, deps=[u, a_t, u_t])[0].to(dtype)
+    gl.thread_barrier()
+    u_t.store(u)
+    fence_async_shared()
+    gl.thread_barrier()
+    return w
+
+
+@gluon.jit
 def _form_partition(k_s, v_s, a_s, w_s, u_s, ld_ready, wu_ready, wu_free, w_desc, G, beta,
                     W, doc_offsets, i_n, i_hv, HV, tw, K: gl.constexpr, BT: gl.constexpr,
                     STAGES: gl.constexpr):
     """F (worker, 4 warps): each chunk's ``W`` and ``U`` formed into its W/U stage; W also
     sent to memory."""
-    dtype: gl.constexpr = k_s.dtype
     WL: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, K, 16])
     IO: gl.constexpr = gl.BlockedLayout(
@@ -136,30 +171,15 @@ def _form_partition(k_s, v_s, a_s, w_s, u_s, ld_ready, wu_ready, wu_free, w_desc
         s = c % STAGES
         t0 = bos + c * BT
         n = gl.minimum(eos - t0, BT)
-        p_r = t0.to(gl.int64) * HV + i_hv
-        b = gl.load(beta + p_r + rio * HV, mask=rio < n, other=0.0).to(gl.float32)
-        g = gl.load(G + p_r + rio * HV, mask=rio < n, other=0.0)
+        b, g = _beta_and_gate(beta, G, t0, i_hv, HV, rio, n)
         if c >= STAGES:  # S's update of chunk c - STAGES has read this stage's U/vd tile
             mbarrier.wait(wu_free.index(s), ((c - STAGES) // STAGES) & 1)
         # W's store from this stage (chunk c - STAGES) has read it: at most one store a
         # chunk, so at most STAGES - 1 younger ones may still be in flight
         tma.store_wait(STAGES - 1)
         mbarrier.wait(ld_ready.index(s), (c // STAGES) & 1)
-        # W = A_inv · round(K ⊙ (β e^G)): the operand written into the W tile, then W over it
-        w_s.index(s).store(_scaled_rows(k_s.index(s), b * gl.exp(g), rio, n, IO))
-        u_s.index(s).store(_scaled_rows(v_s.index(s), b, rio, n, IO))
-        fence_async_shared()
-        gl.thread_barrier()
-        w = warpgroup_mma(a_s.index(s), w_s.index(s), zw, use_acc=False, is_async=True)
-        w = warpgroup_mma_wait(0, deps=[w, a_s.index(s), w_s.index(s)])[0].to(dtype)
-        u = warpgroup_mma(a_s.index(s), u_s.index(s), zw, use_acc=False, is_async=True)
-        gl.thread_barrier()  # every warp's W product has read the operand tile
-        w_s.index(s).store(w)
-        u = warpgroup_mma_wait(0, deps=[u, a_s.index(s), u_s.index(s)])[0].to(dtype)
-        gl.thread_barrier()
-        u_s.index(s).store(u)
-        fence_async_shared()
-        gl.thread_barrier()
+        w = _form_wu(k_s.index(s), v_s.index(s), a_s.index(s), w_s.index(s), u_s.index(s), b,
+                     g, rio, n, zw, IO)
         mbarrier.arrive(wu_ready.index(s), count=1)
         if n == BT:
             tma.async_copy_shared_to_global(w_desc, [t0, tw], w_s.index(s))

@@ -250,6 +250,7 @@ def _wy_fwd_gluon_kernel(
     BT: gl.constexpr,
     STORE_A: gl.constexpr,
     MERGE_K: gl.constexpr = 32,
+    STORE_WU: gl.constexpr = True,
 ):
     gl.static_assert(BT == 64)
     gl.static_assert(K == V)
@@ -305,8 +306,9 @@ def _wy_fwd_gluon_kernel(
 
     mbarrier.expect(bars.index(0), k_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(k_desc, [bos, i_h * K], bars.index(0), k_s)
-    mbarrier.expect(bars.index(1), v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bars.index(1), v_s)
+    if STORE_WU:  # V serves U alone
+        mbarrier.expect(bars.index(1), v_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(v_desc, [bos, i_hv * V], bars.index(1), v_s)
 
     # --- G, β of the chunk (rows >= n read 0), while K flies
     rows = gl.arange(0, BT, layout=R64)
@@ -330,9 +332,10 @@ def _wy_fwd_gluon_kernel(
     for b in gl.static_range(4):
         d_s.reshape([64, 16]).slice(16 * b, 16, 0).store(
             a_s.slice(16 * b, 16, 0).slice(16 * b, 16, 1).load(M16))
-    _scale_rows(k_s, b_r * gl.exp(g_r), n, IO)
-    mbarrier.wait(bars.index(1), 0)
-    _scale_rows(v_s, b_r, n, IO)
+    if STORE_WU:
+        _scale_rows(k_s, b_r * gl.exp(g_r), n, IO)
+        mbarrier.wait(bars.index(1), 0)
+        _scale_rows(v_s, b_r, n, IO)
     gl.thread_barrier()
 
     # --- X_b = (I + a_b)^{-1}, transposed, the four blocks together: 15 dependent steps
@@ -412,7 +415,10 @@ def _wy_fwd_gluon_kernel(
             gl.store(A_inv + a_offs, x16, mask=a_rows)
 
     # --- W = A_inv diag(βe^G) K, U = A_inv diag(β) V (waits for every TMA store)
-    _wu_products(x16_s, k_s, v_s, w_desc, u_desc, W, U, bos, i_hv, HV, n, K, V, IO, L128)
+    if STORE_WU:
+        _wu_products(x16_s, k_s, v_s, w_desc, u_desc, W, U, bos, i_hv, HV, n, K, V, IO, L128)
+    else:  # the inverse alone (its consumer forms W and U itself)
+        tma.store_wait(0)
     for i in gl.static_range(2):
         mbarrier.invalidate(bars.index(i))
 
@@ -573,7 +579,8 @@ def wy_fwd_gluon(
     *,
     output_A_inv: bool = True,
     A_inv_for_backward: bool = False,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    output_WU: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """WY representation of every chunk, by the Gluon kernel (a default stage since session
     20; the Triton :func:`gdn_core.ops.wy.wy_fwd` takes the same arguments and returns the
     same results, within rounding: other bits).
@@ -590,12 +597,15 @@ def wy_fwd_gluon(
         A_inv_for_backward: return ``A_inv`` as the backward reads it
             (:func:`~gdn_core.ops.wy.inverse_for_backward`): rounded to k's dtype in the
             kernel, which then writes no fp32 copy.
+        output_WU: also form and return ``W`` and ``U`` (when False the kernel neither
+            reads ``v`` nor writes them: for a consumer that forms them from the 16-bit
+            inverse itself, :mod:`~gdn_core.ops.gluon.fused_fwd_formed`).
 
     Returns:
         ``(A_inv, W, U)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of ``(I + A)^{-1}``
         of its chunk, columns within the chunk, zero past the chunk's length; with
         ``A_inv_for_backward`` in k's dtype) or ``None``; ``W: [T, HV, 128]`` in k's
-        dtype; ``U: [T, HV, 128]`` in v's dtype.
+        dtype and ``U: [T, HV, 128]`` in v's dtype, or both ``None`` (``output_WU``).
 
     Raises:
         ValueError: shapes that do not match (as :func:`~gdn_core.ops.wy.wy_fwd`), K or V
@@ -607,23 +617,27 @@ def wy_fwd_gluon(
     _require_gluon_sm90(k.device)
     T, HV = k.shape[0], v.shape[1]
     dev = k.device
-    W = torch.empty(T, HV, _K, dtype=k.dtype, device=dev)
-    U = torch.empty(T, HV, _V, dtype=v.dtype, device=dev)
+    W = U = None
+    if output_WU:
+        W = torch.empty(T, HV, _K, dtype=k.dtype, device=dev)
+        U = torch.empty(T, HV, _V, dtype=v.dtype, device=dev)
     store = 0 if not output_A_inv else (16 if A_inv_for_backward else 32)
     A_inv = torch.empty(T if store else 0, HV, _BT, device=dev,
                         dtype=k.dtype if store == 16 else torch.float32)
     if index.num_chunks == 0 or HV == 0 or T == 0:
         return (A_inv if output_A_inv else None), W, U
     beta, G = _small_inputs(beta, G)
-    descs = _descriptors(k, v, W, U)
+    # without W and U their descriptors and pointers are unused stand-ins (k's)
+    descs = _descriptors(k, v, k if W is None else W, k if U is None else U)
     # the 16-bit inverse's TMA store (full chunks); otherwise an unused stand-in
     a_desc = (descriptor(A_inv, [_BT, _BT]) if store == 16 else descs["w_desc"])
     # runtime arguments positionally, as cached_launch's fast path takes them (one by
     # keyword sends every call through Triton's argument binding)
     _WY_FWD_GLUON_KERNEL[(index.num_chunks, HV)](
         descs["k_desc"], descs["v_desc"], descs["w_desc"], descs["u_desc"], a_desc, beta, G,
-        A_inv, W, U, index.chunk_start, index.chunk_len, HV, GROUP=group, K=_K, V=_V,
-        BT=_BT, STORE_A=store, MERGE_K=GLUON_WY_MERGE_K, num_warps=GLUON_WY_WARPS,
+        A_inv, k if W is None else W, k if U is None else U, index.chunk_start,
+        index.chunk_len, HV, GROUP=group, K=_K, V=_V, BT=_BT, STORE_A=store,
+        MERGE_K=GLUON_WY_MERGE_K, STORE_WU=output_WU, num_warps=GLUON_WY_WARPS,
         maxnreg=GLUON_WY_MAXNREG,
     )
     return (A_inv if output_A_inv else None), W, U
