@@ -362,7 +362,8 @@ def gluon_wy_reports() -> None:
     """The Gluon WY kernel (:mod:`gdn_core.ops.gluon.wy`) as its launcher builds it: bf16,
     K = V = 128, chunks of 64, H = HV = 16 (group 1) and H = 8, HV = 16 (group 2), 4 warps
     (the launcher's) and 8 (two warpgroups), and the inverse alone (``STORE_WU`` off), TMA
-    descriptors over ``[T, H·K]`` / ``[T, HV·V]``; then the Triton ``_wy_kernel`` (inverting, the pinned configuration) beside it."""
+    descriptors over ``[T, H·K]`` / ``[T, HV·V]``; then the Triton ``_wy_kernel``
+    (inverting, the pinned configuration) beside it."""
     import torch
     from gdn_core.ops.gluon import wy as gw
     from gdn_core.ops.gluon.tma import descriptor
