@@ -52,7 +52,15 @@ one CTA owns each output, every reduction in a fixed order.
 Compiled for sm_90a with Triton 3.6 (``PYTHONPATH=/tmp/t36:packages/gdn-core/src python
 tools/sm90_report.py gluon_fused_fwd_formed``, bf16, group 1 and 2 alike)::
 
-    (figures recorded by the commit that first compiles it)
+    setmaxnreg S 176 / O 152 (12 warps at maxnreg 168), 104 B of spills (all in O: 64-bit
+    addresses, reloaded in the loop; O at 160 spills 80, at 168 more), 229,788 B shared,
+    4,112 SASS, 55 bar.sync, 48 wgmma
+
+Not yet run on a GPU (session 33: written and compiled, the device refused the next call)
+and not yet routed: :func:`gdn_core.segment.segment_fwd_finish` still calls the fused
+forward. The route, once the GPU test passes and a probe times it: where no segment summary
+reads W and U (``not any(layout.need_E)``), the WY forward with ``output_WU=False`` and this
+kernel in place of the fused forward.
 """
 
 from __future__ import annotations
