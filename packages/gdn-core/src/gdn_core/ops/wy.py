@@ -495,7 +495,8 @@ def wy_fwd(
     *,
     output_A_inv: bool = True,
     A_inv_for_backward: bool = False,
-) -> tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]:
+    output_WU: bool = True,
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
     """WY representation of every chunk.
 
     Args:
@@ -511,6 +512,8 @@ def wy_fwd(
         A_inv_for_backward: return ``A_inv`` as the backward reads it (the bits of
             :func:`inverse_for_backward` of the fp32 one): in ``k``'s 16-bit dtype,
             written by the kernel itself, where the W/U dots are 16-bit.
+        output_WU: return ``W`` and ``U`` (when False both come back ``None``; this
+            kernel forms them anyway, the Gluon one, ``wy_fwd_gluon``, does not).
 
     Returns:
         ``(A_inv, W, U)``: ``A_inv: [T, HV, 64]`` fp32 (row ``t`` = row of
@@ -533,6 +536,8 @@ def wy_fwd(
                                                 a16=a16, reg=reg)
     if grid is not None:
         _WY_KERNEL[grid](*args, **constexprs)
+    if not output_WU:
+        W = U = None
     if not output_A_inv:
         return None, W, U
     return (a16 if a16 is not None else A_inv), W, U
