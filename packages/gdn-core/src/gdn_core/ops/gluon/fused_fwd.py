@@ -344,6 +344,46 @@ def _fused_fwd_gluon_kernel(
 _FUSED_FWD_GLUON_KERNEL = cached_launch(_fused_fwd_gluon_kernel)
 
 
+def forward_outputs(q: torch.Tensor, HV: int, N: int, initial_state: torch.Tensor | None,
+                    output_final_state: bool, what: str
+                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, bool]:
+    """What both Gluon forwards (this one and
+    :mod:`~gdn_core.ops.gluon.fused_fwd_formed`) do around their launch, once their inputs
+    are checked: ``initial_state``'s shape and TMA's row bound checked, the device checked
+    (``what`` names the kernel), ``o`` and ``final`` allocated, the entry state read as
+    fp32, and the launches with nothing to walk answered here (no documents or heads; every
+    document empty: the state passes through). Returns ``(o, final, initial_state,
+    launch)``; ``launch`` False means ``(o, final)`` is already the result.
+
+    Raises:
+        ValueError: a bad ``initial_state`` shape, or more rows than TMA's int32
+            coordinates address.
+        RuntimeError: as :func:`~gdn_core.ops.gluon.lang.require_sm90`.
+    """
+    T, K, V = q.shape[0], _K, _V
+    if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, V):
+        raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, "
+                         f"got {tuple(initial_state.shape)}")
+    if T >= 2**31:
+        raise ValueError(f"T={T} exceeds TMA's int32 coordinates")
+    require_sm90(q.device, what)
+    dev = q.device
+    o = torch.empty(T, HV, V, dtype=q.dtype, device=dev)
+    final = (torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
+             if output_final_state else None)
+    if N == 0 or HV == 0:
+        return o, final, initial_state, False
+    if initial_state is not None:
+        initial_state = initial_state.to(torch.float32).contiguous()
+    if T == 0:  # every document is empty: the state passes through
+        if final is not None and initial_state is not None:
+            final.copy_(initial_state)
+        elif final is not None:
+            final.zero_()
+        return o, final, initial_state, False
+    return o, final, initial_state, True
+
+
 def gluon_fused_fwd_supported(q: torch.Tensor, k: torch.Tensor, W: torch.Tensor,
                               U: torch.Tensor, index: ChunkIndex) -> bool:
     """Whether :func:`chunk_fwd_fused_gluon` serves these shapes and dtypes (the device is
@@ -410,25 +450,9 @@ def chunk_fwd_fused_gluon(
     if not gluon_fused_fwd_supported(q, k, W, U, index):
         raise ValueError(f"the Gluon fused forward takes q, k, W, U in one 16-bit dtype, got "
                          f"{q.dtype}, {k.dtype}, {W.dtype}, {U.dtype}")
-    if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, V):
-        raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, "
-                         f"got {tuple(initial_state.shape)}")
-    if T >= 2**31:
-        raise ValueError(f"T={T} exceeds TMA's int32 coordinates")
-    require_sm90(k.device, "the Gluon fused forward")
-    dev = k.device
-    o = torch.empty(T, HV, V, dtype=q.dtype, device=dev)
-    final = (torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
-             if output_final_state else None)
-    if N == 0 or HV == 0:
-        return o, final
-    if initial_state is not None:
-        initial_state = initial_state.to(torch.float32).contiguous()
-    if T == 0:  # every document is empty: the state passes through
-        if final is not None and initial_state is not None:
-            final.copy_(initial_state)
-        elif final is not None:
-            final.zero_()
+    o, final, initial_state, launch = forward_outputs(
+        q, HV, N, initial_state, output_final_state, "the Gluon fused forward")
+    if not launch:
         return o, final
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     order = ordered_docs(index)

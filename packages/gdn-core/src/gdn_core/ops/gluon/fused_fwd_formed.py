@@ -75,6 +75,7 @@ from gdn_core.ops.gluon.fused_fwd import (
     _output_products,
     _store_rows_below,
     _zero_rows_from,
+    forward_outputs,
 )
 from gdn_core.ops.gluon.fused_state_bwd import _doc_program, _doc_span
 from gdn_core.ops.gluon.lang import (
@@ -82,7 +83,6 @@ from gdn_core.ops.gluon.lang import (
     gl,
     gluon,
     mbarrier,
-    require_sm90,
     tma,
 )
 from gdn_core.ops.gluon.recompute import _beta_and_gate, _form_wu
@@ -391,25 +391,9 @@ def chunk_fwd_formed_gluon(
     if not gluon_fused_fwd_formed_supported(q, k, v, A_inv, index):
         raise ValueError(f"the Gluon formed forward takes q, k, v and A_inv in one 16-bit "
                          f"dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {A_inv.dtype}")
-    if initial_state is not None and tuple(initial_state.shape) != (N, HV, K, V):
-        raise ValueError(f"initial_state must be [N, HV, K, V] = {(N, HV, K, V)}, "
-                         f"got {tuple(initial_state.shape)}")
-    if T >= 2**31:
-        raise ValueError(f"T={T} exceeds TMA's int32 coordinates")
-    require_sm90(k.device, "the Gluon formed forward")
-    dev = k.device
-    o = torch.empty(T, HV, V, dtype=q.dtype, device=dev)
-    final = (torch.empty(N, HV, K, V, dtype=torch.float32, device=dev)
-             if output_final_state else None)
-    if N == 0 or HV == 0:
-        return o, final
-    if initial_state is not None:
-        initial_state = initial_state.to(torch.float32).contiguous()
-    if T == 0:  # every document is empty: the state passes through
-        if final is not None and initial_state is not None:
-            final.copy_(initial_state)
-        elif final is not None:
-            final.zero_()
+    o, final, initial_state, launch = forward_outputs(
+        q, HV, N, initial_state, output_final_state, "the Gluon formed forward")
+    if not launch:
         return o, final
     G = G.contiguous() if G.dtype == torch.float32 else G.float().contiguous()
     order = ordered_docs(index)
